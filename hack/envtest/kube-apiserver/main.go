@@ -1,0 +1,12 @@
+// Command kube-apiserver is the upstream API server, built here so that
+// envtest suites run against a real one without downloading release binaries.
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() { os.Exit(cli.Run(app.NewAPIServerCommand())) }
