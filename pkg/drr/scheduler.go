@@ -26,7 +26,7 @@ func (s *Scheduler) Offer(r Request, endpoints int, allBusy bool) (*Item, error)
 
 // Pop runs one arbitration (SPEC §4) and returns the next item to leave the
 // queue and why. Expired items (WaitBudget elapsed at now) leave first;
-// then Unroutable heads; then one DRR dispatch. It returns (nil, None) when
+// then heads judged Unroutable (Outcome NoRoute); then one DRR dispatch. It returns (nil, None) when
 // nothing can leave. Call it in a loop until None.
 func (s *Scheduler) Pop(now int64, p Probe) (*Item, Outcome) { panic("unimplemented") }
 

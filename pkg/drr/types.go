@@ -137,7 +137,7 @@ const (
 	// lane waits behind it.
 	Blocked
 	// Unroutable means the head has no eligible endpoint at all; the
-	// scheduler hands it back as Outcome Unroutable (answered 503) instead
+	// scheduler hands it back with Outcome NoRoute (answered 503) instead
 	// of parking it.
 	Unroutable
 )
@@ -164,9 +164,10 @@ const (
 	// Expired: the item waited past its class's WaitBudget; it was removed
 	// without charging deficit or moving the cursor (answer 429).
 	Expired
-	// Unroutable: the item has no eligible endpoint; it was removed without
-	// charging deficit or moving the cursor (answer 503).
-	Unroutable
+	// NoRoute: the item's head verdict was Unroutable (no eligible
+	// endpoint); it was removed without charging deficit or moving the
+	// cursor (answer 503).
+	NoRoute
 )
 
 // LimitKind names the queue limit a rejection hit.
