@@ -1,0 +1,764 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/laneway-dev/laneway/pkg/drr"
+)
+
+// Options configure a Dispatcher.
+type Options struct {
+	// MaxFallbacks is how many further endpoints follow the pick in a
+	// grant, in the order the picker prefers them.
+	MaxFallbacks int
+	// Observer receives per-request events; nil means none.
+	Observer Observer
+	// Log is the dispatcher's logger (nothing is logged per request below
+	// verbosity 4).
+	Log logr.Logger
+	// Picker chooses among eligible endpoints; nil means least active
+	// prefill tokens, then fewest in-flight requests.
+	Picker Picker
+}
+
+// Dispatcher is the single owner of the DRR state and endpoint accounting.
+// Create it with New, start Run on one goroutine, then call Acquire from
+// any number of request goroutines.
+type Dispatcher struct {
+	cmds  chan command
+	done  chan struct{} // closed when Run returns
+	start time.Time
+	opts  Options
+	obs   Observer
+
+	// Everything below is owned by the Run goroutine.
+	sched    *drr.Scheduler
+	pol      *Policy
+	eps      []*endpoint // by drr.EndpointID
+	byAddr   map[string]drr.EndpointID
+	byIP     map[string][]drr.EndpointID
+	live     []drr.EndpointID
+	freeIDs  []drr.EndpointID
+	draining bool
+	probe    drr.Probe
+	timer    *time.Timer
+	cands    []Candidate // scratch for picks
+	order    []int       // scratch for picks
+}
+
+type endpoint struct {
+	id            drr.EndpointID
+	addr          string
+	maxBatched    uint64
+	tainted       bool
+	removed       bool
+	activePrefill uint64
+	inFlight      int
+}
+
+type cmdKind uint8
+
+const (
+	cmdAcquire cmdKind = iota
+	cmdCancel
+	cmdFirstByte
+	cmdDone
+	cmdEndpoints
+	cmdPolicy
+	cmdSnapshot
+	cmdShutdown
+)
+
+type command struct {
+	kind  cmdKind
+	w     *waiter
+	g     *Grant
+	eps   []Endpoint
+	pol   *Policy
+	reply chan any
+}
+
+// waiter is one Acquire call. The loop owns every field but reply, which
+// it only sends on (buffered, once).
+type waiter struct {
+	t        *Ticket
+	reply    chan result
+	item     *drr.Item
+	allow    []drr.EndpointID // nil: every live endpoint
+	pinned   drr.EndpointID
+	arrival  int64
+	answered bool
+	grant    *Grant
+}
+
+type result struct {
+	g   *Grant
+	err error
+}
+
+// New returns a dispatcher scheduling with pol.
+func New(pol *Policy, opts Options) (*Dispatcher, error) {
+	if err := pol.validate(); err != nil {
+		return nil, err
+	}
+	s, err := drr.New(pol.Classes)
+	if err != nil {
+		return nil, fmt.Errorf("building scheduler: %w", err)
+	}
+	d := &Dispatcher{
+		cmds:   make(chan command, 1024),
+		done:   make(chan struct{}),
+		start:  time.Now(),
+		opts:   opts,
+		obs:    opts.Observer,
+		sched:  s,
+		pol:    pol,
+		byAddr: map[string]drr.EndpointID{},
+		byIP:   map[string][]drr.EndpointID{},
+	}
+	if d.obs == nil {
+		d.obs = nopObserver{}
+	}
+	if d.opts.Picker == nil {
+		d.opts.Picker = LeastLoaded{}
+	}
+	d.probe = prober{d}
+	return d, nil
+}
+
+// Run owns the state until ctx ends; then it answers every queued request
+// with ErrShuttingDown and returns. Acquire calls after that fail fast.
+func (d *Dispatcher) Run(ctx context.Context) {
+	defer close(d.done)
+	d.timer = time.NewTimer(time.Hour)
+	d.timer.Stop()
+	for {
+		select {
+		case c := <-d.cmds:
+			d.handle(c)
+		case <-d.timer.C:
+			d.drain()
+		case <-ctx.Done():
+			d.shutdown()
+			// Answer what raced into the channel; later senders see done.
+			for {
+				select {
+				case c := <-d.cmds:
+					d.handle(c)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// send hands a command to the loop, or reports false once it has stopped.
+func (d *Dispatcher) send(c command) bool {
+	select {
+	case d.cmds <- c:
+		return true
+	case <-d.done:
+		return false
+	}
+}
+
+// Acquire offers a ticket and waits until it is granted an endpoint or
+// answered with an error: *drr.Rejection (429), *ShedError (429),
+// *NoEndpointError (503), ErrShuttingDown (503), or ctx's error when the
+// caller gave up (the ticket then leaves the queue at once).
+func (d *Dispatcher) Acquire(ctx context.Context, t *Ticket) (*Grant, error) {
+	w := &waiter{t: t, reply: make(chan result, 1), pinned: drr.NoEndpoint}
+	select {
+	case d.cmds <- command{kind: cmdAcquire, w: w}:
+	case <-d.done:
+		return nil, ErrShuttingDown
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
+	case r := <-w.reply:
+		return r.g, r.err
+	case <-ctx.Done():
+		// The loop may have answered in the meantime; the cancel command
+		// then releases that grant instead of removing a queued item.
+		d.send(command{kind: cmdCancel, w: w})
+		return nil, ctx.Err()
+	case <-d.done:
+		// Run answers everything before closing done.
+		select {
+		case r := <-w.reply:
+			return r.g, r.err
+		default:
+			return nil, ErrShuttingDown
+		}
+	}
+}
+
+// SetEndpoints replaces the endpoint set. Endpoints keep their accounting
+// by address; requests pinned to a removed endpoint are answered 503 and
+// shared requests are re-examined.
+func (d *Dispatcher) SetEndpoints(eps []Endpoint) {
+	cp := append([]Endpoint(nil), eps...)
+	d.send(command{kind: cmdEndpoints, eps: cp})
+}
+
+// SetPolicy swaps the class table without losing or reordering queued
+// requests: each is resolved again with the new policy. An invalid policy
+// is refused and the old one stays in force.
+func (d *Dispatcher) SetPolicy(p *Policy) error {
+	if err := p.validate(); err != nil {
+		return err
+	}
+	r, ok := d.call(command{kind: cmdPolicy, pol: p})
+	if !ok {
+		return ErrShuttingDown
+	}
+	if err, _ := r.(error); err != nil {
+		return err
+	}
+	return nil
+}
+
+// call sends a command that carries a reply channel and waits for the
+// answer, or reports false when the loop stopped first.
+func (d *Dispatcher) call(c command) (any, bool) {
+	c.reply = make(chan any, 1)
+	if !d.send(c) {
+		return nil, false
+	}
+	select {
+	case r := <-c.reply:
+		return r, true
+	case <-d.done:
+		select {
+		case r := <-c.reply:
+			return r, true
+		default:
+			return nil, false
+		}
+	}
+}
+
+// Snapshot returns the queue and endpoint state (for metrics and status).
+func (d *Dispatcher) Snapshot() (Snapshot, bool) {
+	r, ok := d.call(command{kind: cmdSnapshot})
+	if !ok {
+		return Snapshot{}, false
+	}
+	return r.(Snapshot), true
+}
+
+// Shutdown stops admitting: queued requests and every later Acquire are
+// answered with ErrShuttingDown. Dispatched requests keep their grants.
+func (d *Dispatcher) Shutdown() {
+	d.call(command{kind: cmdShutdown})
+}
+
+func (d *Dispatcher) now() int64 { return int64(time.Since(d.start)) }
+
+func (d *Dispatcher) handle(c command) {
+	switch c.kind {
+	case cmdAcquire:
+		d.admit(c.w)
+	case cmdCancel:
+		d.cancel(c.w)
+	case cmdFirstByte:
+		d.prefillDone(c.g)
+		d.drain()
+	case cmdDone:
+		d.finish(c.g)
+		d.drain()
+	case cmdEndpoints:
+		d.setEndpoints(c.eps)
+		d.drain()
+	case cmdPolicy:
+		c.reply <- d.setPolicy(c.pol)
+		d.drain()
+	case cmdSnapshot:
+		c.reply <- d.snapshot()
+	case cmdShutdown:
+		d.shutdown()
+		c.reply <- nil
+	}
+}
+
+func (d *Dispatcher) className(class int) string {
+	if class >= 0 && class < len(d.pol.Classes) {
+		return d.pol.Classes[class].Name
+	}
+	return ""
+}
+
+func (d *Dispatcher) answer(w *waiter, r result) {
+	if w.answered {
+		return
+	}
+	w.answered = true
+	w.grant = r.g
+	w.reply <- r
+}
+
+func (d *Dispatcher) reject(w *waiter, err error, reason string) {
+	d.obs.Rejected(d.className(w.t.Class), reason)
+	d.answer(w, result{err: err})
+}
+
+func (d *Dispatcher) admit(w *waiter) {
+	if d.draining {
+		d.reject(w, ErrShuttingDown, "shutting_down")
+		return
+	}
+	t := w.t
+	t.Class = d.pol.Resolve(t)
+	if t.Class < 0 || t.Class >= len(d.pol.Classes) {
+		t.Class = 0
+	}
+	if err := d.resolveAllow(w); err != nil {
+		d.reject(w, err, "no_endpoints")
+		return
+	}
+	v := d.judge(t.Class, w)
+	if v == drr.Unroutable {
+		d.reject(w, d.noEndpoint(w), "no_endpoints")
+		return
+	}
+	w.arrival = d.now()
+	item, err := d.sched.Offer(drr.Request{
+		Class:          t.Class,
+		Pinned:         w.pinned,
+		RawISL:         t.RawISL,
+		Cached:         t.Cached,
+		Priority:       t.Priority,
+		StrictPriority: t.Strict,
+		Arrival:        w.arrival,
+		Payload:        w,
+	}, len(d.live), v == drr.Blocked)
+	if err != nil {
+		reason := "queue_limit"
+		var rej *drr.Rejection
+		if errors.As(err, &rej) {
+			reason = "queue_limit_" + string(rej.Kind)
+		}
+		d.reject(w, err, reason)
+		return
+	}
+	if item == nil {
+		d.grant(w, false)
+		return
+	}
+	w.item = item
+	d.drain()
+}
+
+// resolveAllow turns the ticket's allow-list into endpoint IDs and decides
+// whether the request is pinned.
+func (d *Dispatcher) resolveAllow(w *waiter) error {
+	t := w.t
+	if !t.HasAllow {
+		return nil
+	}
+	ids := make([]drr.EndpointID, 0, len(t.Allow))
+	for _, a := range t.Allow {
+		if id, ok := d.byAddr[a]; ok {
+			ids = appendUnique(ids, id)
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			for _, id := range d.byIP[a] {
+				ids = appendUnique(ids, id)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return &NoEndpointError{Filter: "subset hint names no known endpoint"}
+	}
+	w.allow = ids
+	if len(ids) == 1 {
+		w.pinned = ids[0]
+	}
+	return nil
+}
+
+func appendUnique(ids []drr.EndpointID, id drr.EndpointID) []drr.EndpointID {
+	for _, x := range ids {
+		if x == id {
+			return ids
+		}
+	}
+	return append(ids, id)
+}
+
+func (d *Dispatcher) candidates(w *waiter) []drr.EndpointID {
+	if w.allow != nil {
+		return w.allow
+	}
+	return d.live
+}
+
+func (d *Dispatcher) eligible(e *endpoint, w *waiter) bool {
+	if e == nil || e.removed {
+		return false
+	}
+	return !e.tainted || w.pinned != drr.NoEndpoint
+}
+
+func (d *Dispatcher) busy(e *endpoint, class int) bool {
+	return d.pol.Busy[class].Busy(e.activePrefill, e.maxBatched)
+}
+
+// judge is the busy test of SPEC §5 over a request's eligible endpoints.
+func (d *Dispatcher) judge(class int, w *waiter) drr.Verdict {
+	eligible, busy := 0, 0
+	for _, id := range d.candidates(w) {
+		e := d.endpointByID(id)
+		if !d.eligible(e, w) {
+			continue
+		}
+		eligible++
+		if d.busy(e, class) {
+			busy++
+		}
+	}
+	if eligible == 0 {
+		return drr.Unroutable
+	}
+	if busy == 0 {
+		return drr.Ready
+	}
+	ratio := d.pol.Busy[class].Ratio
+	if ratio <= 0 || ratio > 1 {
+		ratio = 1
+	}
+	if float64(busy) >= ratio*float64(eligible) {
+		return drr.Blocked
+	}
+	return drr.Ready
+}
+
+func (d *Dispatcher) noEndpoint(w *waiter) error {
+	switch {
+	case len(d.live) == 0:
+		return &NoEndpointError{Filter: "the pool has no ready endpoint"}
+	case w.allow != nil:
+		return &NoEndpointError{Filter: "no endpoint of the subset hint is available"}
+	default:
+		return &NoEndpointError{Filter: "every endpoint is tainted"}
+	}
+}
+
+func (d *Dispatcher) endpointByID(id drr.EndpointID) *endpoint {
+	if int(id) < len(d.eps) {
+		return d.eps[id]
+	}
+	return nil
+}
+
+type prober struct{ d *Dispatcher }
+
+func (p prober) Shared(class int, it *drr.Item) drr.Verdict {
+	return p.d.judge(class, it.Payload.(*waiter))
+}
+
+func (p prober) Lane(class int, ep drr.EndpointID) drr.Verdict {
+	e := p.d.endpointByID(ep)
+	if e == nil || e.removed {
+		return drr.Unroutable
+	}
+	if p.d.busy(e, class) {
+		return drr.Blocked
+	}
+	return drr.Ready
+}
+
+// drain pops until nothing more can leave the queue, then arms the timer
+// for the next wait-budget expiry.
+func (d *Dispatcher) drain() {
+	for d.sched.Len() > 0 {
+		it, out := d.sched.Pop(d.now(), d.probe)
+		if out == drr.None {
+			break
+		}
+		w := it.Payload.(*waiter)
+		w.item = nil
+		switch out {
+		case drr.Dispatch:
+			d.grant(w, true)
+		case drr.Expired:
+			cfg := d.pol.Classes[it.Class]
+			d.reject(w, &ShedError{
+				Class:  cfg.Name,
+				Waited: time.Duration(d.now() - w.arrival),
+				Budget: cfg.WaitBudget,
+			}, "shed")
+		case drr.NoRoute:
+			d.reject(w, d.noEndpoint(w), "no_endpoints")
+		}
+	}
+	d.armTimer()
+}
+
+func (d *Dispatcher) armTimer() {
+	if d.timer == nil {
+		return
+	}
+	d.timer.Stop()
+	if at, ok := d.sched.NextExpiry(); ok {
+		delay := time.Duration(at - d.now())
+		if delay < 0 {
+			delay = 0
+		}
+		d.timer.Reset(delay)
+	}
+}
+
+// grant picks the endpoint(s), charges the pick and answers the waiter.
+func (d *Dispatcher) grant(w *waiter, queued bool) {
+	t := w.t
+	d.cands = d.cands[:0]
+	for _, id := range d.candidates(w) {
+		e := d.endpointByID(id)
+		if !d.eligible(e, w) {
+			continue
+		}
+		d.cands = append(d.cands, Candidate{
+			ID:            e.id,
+			Addr:          e.addr,
+			ActivePrefill: e.activePrefill,
+			InFlight:      e.inFlight,
+			Busy:          d.busy(e, t.Class),
+		})
+	}
+	if len(d.cands) == 0 {
+		d.reject(w, d.noEndpoint(w), "no_endpoints")
+		return
+	}
+	d.order = d.opts.Picker.Pick(t, d.cands, d.order[:0])
+	n := 1 + d.opts.MaxFallbacks
+	if n > len(d.order) {
+		n = len(d.order)
+	}
+	addrs := make([]string, n)
+	for i := 0; i < n; i++ {
+		addrs[i] = d.cands[d.order[i]].Addr
+	}
+	e := d.eps[d.cands[d.order[0]].ID]
+	g := &Grant{d: d, ep: e, Endpoints: addrs, prefill: t.Uncached()}
+	e.activePrefill = drr.SaturatingAdd(e.activePrefill, g.prefill)
+	e.inFlight++
+	d.sched.EndpointChanged(e.id)
+	var wait time.Duration
+	if queued {
+		wait = time.Duration(d.now() - w.arrival)
+	}
+	d.obs.Dispatched(d.className(t.Class), queued, wait)
+	d.answer(w, result{g: g})
+}
+
+func (d *Dispatcher) cancel(w *waiter) {
+	if w.item != nil {
+		if d.sched.Remove(w.item) {
+			w.item = nil
+			d.obs.Rejected(d.className(w.t.Class), "cancelled")
+			w.answered = true
+			return
+		}
+	}
+	if !w.answered {
+		// Not admitted yet is impossible (Acquire sent it first); treat
+		// as answered so nothing is sent later.
+		w.answered = true
+		return
+	}
+	if g := w.grant; g != nil && g.done.CompareAndSwap(false, true) {
+		// The grant was sent but never received: release it.
+		d.finish(g)
+		d.drain()
+	}
+}
+
+func (d *Dispatcher) prefillDone(g *Grant) {
+	if g.prefillReleased {
+		return
+	}
+	g.prefillReleased = true
+	e := g.ep
+	if e.activePrefill >= g.prefill {
+		e.activePrefill -= g.prefill
+	} else {
+		e.activePrefill = 0
+	}
+	if !e.removed {
+		d.sched.EndpointChanged(e.id)
+	}
+}
+
+func (d *Dispatcher) finish(g *Grant) {
+	d.prefillDone(g)
+	if g.ep.inFlight > 0 {
+		g.ep.inFlight--
+	}
+}
+
+func (d *Dispatcher) setEndpoints(eps []Endpoint) {
+	seen := make(map[string]bool, len(eps))
+	for _, in := range eps {
+		if in.Addr == "" || seen[in.Addr] {
+			continue
+		}
+		seen[in.Addr] = true
+		if id, ok := d.byAddr[in.Addr]; ok {
+			e := d.eps[id]
+			if e.maxBatched != in.MaxBatchedTokens || e.tainted != in.Tainted {
+				e.maxBatched, e.tainted = in.MaxBatchedTokens, in.Tainted
+				d.sched.EndpointChanged(id)
+			}
+			continue
+		}
+		var id drr.EndpointID
+		if n := len(d.freeIDs); n > 0 {
+			id = d.freeIDs[n-1]
+			d.freeIDs = d.freeIDs[:n-1]
+		} else {
+			id = drr.EndpointID(len(d.eps))
+			d.eps = append(d.eps, nil)
+		}
+		d.eps[id] = &endpoint{id: id, addr: in.Addr, maxBatched: in.MaxBatchedTokens, tainted: in.Tainted}
+		d.byAddr[in.Addr] = id
+		d.sched.EndpointChanged(id)
+	}
+	var removed []drr.EndpointID
+	for addr, id := range d.byAddr {
+		if !seen[addr] {
+			d.eps[id].removed = true
+			delete(d.byAddr, addr)
+			d.sched.EndpointChanged(id)
+			removed = append(removed, id)
+		}
+	}
+	d.rebuildIndex()
+	if len(removed) > 0 {
+		// Lanes of removed endpoints empty out (503) in this drain; only
+		// then may their IDs be reused.
+		d.drain()
+		for _, id := range removed {
+			d.eps[id] = nil
+		}
+		d.freeIDs = append(d.freeIDs, removed...)
+	}
+}
+
+func (d *Dispatcher) rebuildIndex() {
+	d.live = d.live[:0]
+	clear(d.byIP)
+	for _, e := range d.eps {
+		if e == nil || e.removed {
+			continue
+		}
+		d.live = append(d.live, e.id)
+		if host, _, err := net.SplitHostPort(e.addr); err == nil {
+			d.byIP[host] = append(d.byIP[host], e.id)
+		}
+	}
+	sort.Slice(d.live, func(i, j int) bool { return d.eps[d.live[i]].addr < d.eps[d.live[j]].addr })
+}
+
+func (d *Dispatcher) setPolicy(p *Policy) error {
+	err := d.sched.SetClasses(p.Classes, func(it *drr.Item) int {
+		w := it.Payload.(*waiter)
+		c := p.Resolve(w.t)
+		if c < 0 || c >= len(p.Classes) {
+			c = 0
+		}
+		w.t.Class = c
+		return c
+	})
+	if err != nil {
+		return fmt.Errorf("applying policy: %w", err)
+	}
+	d.pol = p
+	// Busy rules changed: every lane verdict is stale.
+	for _, id := range d.live {
+		d.sched.EndpointChanged(id)
+	}
+	return nil
+}
+
+func (d *Dispatcher) snapshot() Snapshot {
+	s := Snapshot{Classes: d.sched.Stats(), Queued: d.sched.Len()}
+	for _, id := range d.live {
+		e := d.eps[id]
+		s.Endpoints = append(s.Endpoints, EndpointSnapshot{
+			Addr: e.addr, ActivePrefill: e.activePrefill, InFlight: e.inFlight, Tainted: e.tainted,
+		})
+	}
+	return s
+}
+
+// shutdown answers every queued request with ErrShuttingDown and refuses
+// new ones.
+func (d *Dispatcher) shutdown() {
+	d.draining = true
+	for _, e := range d.eps {
+		if e != nil {
+			d.sched.EndpointChanged(e.id)
+		}
+	}
+	for d.sched.Len() > 0 {
+		it, out := d.sched.Pop(d.now(), refuseAll{})
+		if out == drr.None {
+			break // cannot happen: refuseAll makes every head leave
+		}
+		w := it.Payload.(*waiter)
+		w.item = nil
+		d.reject(w, ErrShuttingDown, "shutting_down")
+	}
+	if d.timer != nil {
+		d.timer.Stop()
+	}
+}
+
+// refuseAll is the probe used at shutdown: every head leaves as
+// Unroutable, so the whole queue empties without charging anything.
+type refuseAll struct{}
+
+func (refuseAll) Shared(int, *drr.Item) drr.Verdict    { return drr.Unroutable }
+func (refuseAll) Lane(int, drr.EndpointID) drr.Verdict { return drr.Unroutable }
+
+// Grant is an endpoint given to a request. Its response-path events release
+// the endpoint's accounting; it implements extproc's Lifecycle.
+type Grant struct {
+	d  *Dispatcher
+	ep *endpoint
+	// Endpoints is the pick followed by ordered fallbacks ("ip:port").
+	Endpoints []string
+
+	prefill         uint64 // loop-owned
+	prefillReleased bool   // loop-owned
+	firstByte       atomic.Bool
+	done            atomic.Bool
+}
+
+// FirstByte reports the first response byte: the endpoint finished this
+// request's prefill.
+func (g *Grant) FirstByte() {
+	if g.firstByte.CompareAndSwap(false, true) && !g.done.Load() {
+		g.d.send(command{kind: cmdFirstByte, g: g})
+	}
+}
+
+// Done reports the end of the request's stream; it is safe to call more
+// than once.
+func (g *Grant) Done() {
+	if g.done.CompareAndSwap(false, true) {
+		g.d.send(command{kind: cmdDone, g: g})
+	}
+}

@@ -1,0 +1,277 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/laneway-dev/laneway/pkg/drr"
+)
+
+// twoClassPolicy is the premium/regular policy of SPEC §11 with the given
+// quanta; the class header names the class, anything else is regular.
+func twoClassPolicy(premiumQ, regularQ uint64, limit uint64) *Policy {
+	cls := []drr.ClassConfig{
+		{Name: "premium", Quantum: premiumQ, Policy: drr.FCFS, Queueing: true,
+			RequestLimitPerWorker: limit, RawISLLimitPerWorker: drr.NoLimit, CachedLimitPerWorker: drr.NoLimit},
+		{Name: "regular", Quantum: regularQ, Policy: drr.FCFS, Queueing: true,
+			RequestLimitPerWorker: limit, RawISLLimitPerWorker: drr.NoLimit, CachedLimitPerWorker: drr.NoLimit},
+	}
+	rule := BusyRule{Threshold: 1536, HasThreshold: true}
+	return &Policy{
+		Classes: cls,
+		Busy:    []BusyRule{rule, rule},
+		Resolve: func(t *Ticket) int {
+			if t.ClassHeader == "premium" {
+				return 0
+			}
+			return 1
+		},
+	}
+}
+
+func startDispatcher(t *testing.T, p *Policy, eps ...string) *Dispatcher {
+	t.Helper()
+	d, err := New(p, Options{MaxFallbacks: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go d.Run(ctx)
+	t.Cleanup(func() { cancel(); <-d.done })
+	var list []Endpoint
+	for _, e := range eps {
+		list = append(list, Endpoint{Addr: e, MaxBatchedTokens: 8192})
+	}
+	d.SetEndpoints(list)
+	return d
+}
+
+// acquireAsync starts an Acquire and returns the channel its result lands on.
+func acquireAsync(ctx context.Context, d *Dispatcher, tk *Ticket) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		g, err := d.Acquire(ctx, tk)
+		ch <- result{g, err}
+	}()
+	return ch
+}
+
+// waitQueued blocks until the dispatcher reports n queued requests.
+func waitQueued(t *testing.T, d *Dispatcher, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s, _ := d.Snapshot()
+		if s.Queued == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queued = %d, want %d", s.Queued, n)
+		}
+		time.Sleep(time.Millisecond) // polling: the queue has no event to await from outside
+	}
+}
+
+func TestDirectPickPrefersLeastActivePrefill(t *testing.T) {
+	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000", "127.0.0.3:8000")
+	ctx := context.Background()
+	g1, err := d.Acquire(ctx, &Ticket{ClassHeader: "premium", RawISL: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := d.Acquire(ctx, &Ticket{ClassHeader: "premium", RawISL: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g1.Endpoints[0] == g2.Endpoints[0] {
+		t.Fatalf("both picks went to %s; want the idle endpoint second", g1.Endpoints[0])
+	}
+	if len(g1.Endpoints) != 2 {
+		t.Fatalf("fallbacks = %v, want pick + 1 fallback", g1.Endpoints)
+	}
+	s, _ := d.Snapshot()
+	var total uint64
+	for _, e := range s.Endpoints {
+		total += e.ActivePrefill
+	}
+	if total != 1010 {
+		t.Fatalf("active prefill = %d, want 1010", total)
+	}
+	g1.Done()
+	g2.Done()
+	s, _ = d.Snapshot()
+	for _, e := range s.Endpoints {
+		if e.ActivePrefill != 0 || e.InFlight != 0 {
+			t.Fatalf("endpoint %s not released: %+v", e.Addr, e)
+		}
+	}
+}
+
+func TestQueuedRequestReleasedOnFirstByte(t *testing.T) {
+	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
+	ctx := context.Background()
+	// 4 × 512 tokens: the fourth pushes active prefill to 2048 > 1536.
+	var grants []*Grant
+	for i := 0; i < 4; i++ {
+		g, err := d.Acquire(ctx, &Ticket{ClassHeader: "premium", RawISL: 512})
+		if err != nil {
+			t.Fatal(err)
+		}
+		grants = append(grants, g)
+	}
+	ch := acquireAsync(ctx, d, &Ticket{ClassHeader: "regular", RawISL: 512})
+	waitQueued(t, d, 1)
+	select {
+	case r := <-ch:
+		t.Fatalf("released while the endpoint is busy: %+v", r)
+	default:
+	}
+	grants[0].FirstByte()
+	r := <-ch
+	if r.err != nil || r.g.Endpoints[0] != "127.0.0.2:8000" {
+		t.Fatalf("got %+v, want a grant on 127.0.0.2:8000", r)
+	}
+}
+
+func TestCancelledWhileQueuedLeavesAtOnce(t *testing.T) {
+	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
+	ctx := context.Background()
+	busy, err := d.Acquire(ctx, &Ticket{ClassHeader: "premium", RawISL: 4000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	ch := acquireAsync(cctx, d, &Ticket{ClassHeader: "premium", RawISL: 512})
+	waitQueued(t, d, 1)
+	cancel()
+	if r := <-ch; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("got %+v, want context.Canceled", r)
+	}
+	waitQueued(t, d, 0)
+	busy.Done()
+	s, _ := d.Snapshot()
+	if e := s.Endpoints[0]; e.InFlight != 0 || e.ActivePrefill != 0 {
+		t.Fatalf("the cancelled request was dispatched: %+v", e)
+	}
+}
+
+func TestQueueLimitRejects(t *testing.T) {
+	d := startDispatcher(t, twoClassPolicy(512, 128, 1), "127.0.0.2:8000")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := d.Acquire(ctx, &Ticket{ClassHeader: "regular", RawISL: 4000}); err != nil {
+		t.Fatal(err)
+	}
+	acquireAsync(ctx, d, &Ticket{ClassHeader: "regular", RawISL: 10})
+	waitQueued(t, d, 1)
+	_, err := d.Acquire(ctx, &Ticket{ClassHeader: "regular", RawISL: 10})
+	var rej *drr.Rejection
+	if !errors.As(err, &rej) {
+		t.Fatalf("err = %v, want *drr.Rejection", err)
+	}
+	want := drr.Rejection{Class: "regular", Kind: drr.LimitRequests, Current: 1, Limit: 1}
+	if *rej != want {
+		t.Fatalf("rejection = %+v, want %+v", *rej, want)
+	}
+}
+
+func TestPinnedRequestOfRemovedEndpointGets503(t *testing.T) {
+	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000", "127.0.0.3:8000")
+	ctx := context.Background()
+	for _, ep := range []string{"127.0.0.2:8000", "127.0.0.3:8000"} {
+		if _, err := d.Acquire(ctx, &Ticket{ClassHeader: "premium", RawISL: 4000, HasAllow: true, Allow: []string{ep}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pinned := acquireAsync(ctx, d, &Ticket{ClassHeader: "premium", RawISL: 10, HasAllow: true, Allow: []string{"127.0.0.2:8000"}})
+	shared := acquireAsync(ctx, d, &Ticket{ClassHeader: "regular", RawISL: 10})
+	waitQueued(t, d, 2)
+	d.SetEndpoints([]Endpoint{{Addr: "127.0.0.3:8000"}})
+	r := <-pinned
+	var ne *NoEndpointError
+	if !errors.As(r.err, &ne) {
+		t.Fatalf("pinned: got %+v, want NoEndpointError", r)
+	}
+	waitQueued(t, d, 1) // the shared request stays queued behind busy .3
+	select {
+	case r := <-shared:
+		t.Fatalf("shared request answered early: %+v", r)
+	default:
+	}
+}
+
+func TestEmptySubsetHintIs503(t *testing.T) {
+	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
+	_, err := d.Acquire(context.Background(), &Ticket{HasAllow: true})
+	var ne *NoEndpointError
+	if !errors.As(err, &ne) {
+		t.Fatalf("err = %v, want NoEndpointError", err)
+	}
+}
+
+func TestNoEndpointsIs503(t *testing.T) {
+	d := startDispatcher(t, twoClassPolicy(512, 128, 1024))
+	_, err := d.Acquire(context.Background(), &Ticket{RawISL: 5})
+	var ne *NoEndpointError
+	if !errors.As(err, &ne) {
+		t.Fatalf("err = %v, want NoEndpointError", err)
+	}
+}
+
+func TestShutdownAnswersEveryQueuedRequest(t *testing.T) {
+	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
+	ctx := context.Background()
+	if _, err := d.Acquire(ctx, &Ticket{RawISL: 4000}); err != nil {
+		t.Fatal(err)
+	}
+	var chans []<-chan result
+	for i := 0; i < 20; i++ {
+		chans = append(chans, acquireAsync(ctx, d, &Ticket{RawISL: 10, ClassHeader: []string{"premium", "regular"}[i%2]}))
+	}
+	waitQueued(t, d, 20)
+	d.Shutdown()
+	for i, ch := range chans {
+		if r := <-ch; !errors.Is(r.err, ErrShuttingDown) {
+			t.Fatalf("request %d: got %+v, want ErrShuttingDown", i, r)
+		}
+	}
+	if _, err := d.Acquire(ctx, &Ticket{RawISL: 1}); !errors.Is(err, ErrShuttingDown) {
+		t.Fatalf("after shutdown: err = %v", err)
+	}
+}
+
+func TestPolicySwapKeepsQueuedRequests(t *testing.T) {
+	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
+	ctx := context.Background()
+	busy, err := d.Acquire(ctx, &Ticket{RawISL: 4000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chans []<-chan result
+	for i := 0; i < 10; i++ {
+		chans = append(chans, acquireAsync(ctx, d, &Ticket{RawISL: 100, ClassHeader: "premium"}))
+		waitQueued(t, d, i+1)
+	}
+	// The new policy has a single class: every request moves there.
+	one := &Policy{
+		Classes: []drr.ClassConfig{{Name: "only", Quantum: 1, Policy: drr.FCFS, Queueing: true,
+			RequestLimitPerWorker: drr.NoLimit, RawISLLimitPerWorker: drr.NoLimit, CachedLimitPerWorker: drr.NoLimit}},
+		Busy:    []BusyRule{{Threshold: 1536, HasThreshold: true}},
+		Resolve: func(*Ticket) int { return 0 },
+	}
+	if err := d.SetPolicy(one); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := d.Snapshot()
+	if s.Queued != 10 || len(s.Classes) != 1 || s.Classes[0].Pending != 10 {
+		t.Fatalf("after swap: %+v", s)
+	}
+	busy.Done()
+	for i, ch := range chans {
+		if r := <-ch; r.err != nil {
+			t.Fatalf("request %d: %v", i, r.err)
+		}
+	}
+}

@@ -1,0 +1,17 @@
+// Package dispatcher owns the request path's mutable state: the DRR
+// scheduler of pkg/drr and the per-endpoint accounting (active prefill
+// tokens, in-flight requests) that its busy test reads.
+//
+// One goroutine, the loop, owns all of it. Callers talk to the loop over a
+// channel: Acquire offers a request and waits for a Grant (or an error that
+// becomes an HTTP answer); a Grant reports its response-path events
+// (FirstByte, Done) back to the loop; endpoint and policy changes arrive as
+// snapshots. After every event that can make a head dispatchable the loop
+// drains: it pops from the scheduler until nothing more can leave. There is
+// no goroutine per queued request: a waiting caller blocks on a buffered
+// channel and its own context.
+//
+// Every Acquire gets exactly one result. A caller whose context ends while
+// queued is removed at once; if the loop had already granted it, the grant
+// is released so the endpoint's accounting does not leak.
+package dispatcher

@@ -1,0 +1,174 @@
+package dispatcher
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/laneway-dev/laneway/pkg/drr"
+)
+
+// UnknownMaxBatchedTokens stands in for an endpoint's max_num_batched_tokens
+// when nobody told us (SPEC §5).
+const UnknownMaxBatchedTokens = 10_000_000
+
+// BusyRule is one class's busy test (SPEC §5): an endpoint is busy for the
+// class when its active prefill tokens exceed Threshold, or exceed Frac ×
+// its max_num_batched_tokens (strict >).
+type BusyRule struct {
+	Threshold    uint64
+	HasThreshold bool
+	Frac         float64
+	HasFrac      bool
+	// Ratio is busy_worker_ratio: a shared head waits once at least Ratio ×
+	// eligible endpoints are busy. 0 means 1 (all of them).
+	Ratio float64
+}
+
+// Any reports whether the rule can ever call an endpoint busy.
+func (r BusyRule) Any() bool { return r.HasThreshold || r.HasFrac }
+
+// Busy applies the rule to an endpoint's numbers.
+func (r BusyRule) Busy(activePrefill, maxBatched uint64) bool {
+	if r.HasThreshold && activePrefill > r.Threshold {
+		return true
+	}
+	if r.HasFrac {
+		if maxBatched == 0 {
+			maxBatched = UnknownMaxBatchedTokens
+		}
+		if float64(activePrefill) > r.Frac*float64(maxBatched) {
+			return true
+		}
+	}
+	return false
+}
+
+// Policy is a compiled class table: the DRR classes, their busy rules (same
+// index) and the function that resolves a ticket to a class index. It is a
+// snapshot: the dispatcher never modifies it.
+type Policy struct {
+	Classes []drr.ClassConfig
+	Busy    []BusyRule
+	// Resolve maps a ticket to an index of Classes. It runs on the loop
+	// goroutine, also for queued tickets when the policy changes, so it must
+	// be fast and must not block.
+	Resolve func(t *Ticket) int
+}
+
+func (p *Policy) validate() error {
+	if p == nil || len(p.Classes) == 0 {
+		return errors.New("policy has no classes")
+	}
+	if len(p.Busy) != len(p.Classes) {
+		return fmt.Errorf("policy has %d classes but %d busy rules", len(p.Classes), len(p.Busy))
+	}
+	if p.Resolve == nil {
+		return errors.New("policy has no resolver")
+	}
+	return nil
+}
+
+// Ticket is one request as the dispatcher sees it: who it is (for class
+// resolution), what it costs, how it is ordered and where it may go.
+type Ticket struct {
+	// Model and ClassHeader feed Policy.Resolve.
+	Model       string
+	ClassHeader string
+	// RawISL and Cached are the cost snapshot of SPEC §1.
+	RawISL uint64
+	Cached uint64
+	// Priority and Strict are the ordering hints of SPEC §3.
+	Priority int32
+	Strict   uint32
+	// Allow, when HasAllow, restricts the request to these "ip" or
+	// "ip:port" entries (subset hint, conformance header). An empty list
+	// with HasAllow answers 503. When it names exactly one endpoint the
+	// request is pinned to that endpoint's exact lane.
+	Allow    []string
+	HasAllow bool
+	// Class is the resolved class index, set by the dispatcher.
+	Class int
+}
+
+// Uncached is the ticket's uncached prompt tokens.
+func (t *Ticket) Uncached() uint64 {
+	if t.Cached >= t.RawISL {
+		return 0
+	}
+	return t.RawISL - t.Cached
+}
+
+// Endpoint is one model-server endpoint (pod × target port) in a snapshot
+// handed to SetEndpoints.
+type Endpoint struct {
+	// Addr is "ip:port".
+	Addr string
+	// MaxBatchedTokens is the engine's max_num_batched_tokens; 0 = unknown.
+	MaxBatchedTokens uint64
+	// Tainted endpoints take no new unpinned requests (being deleted, not
+	// ready, or annotated NoSchedule).
+	Tainted bool
+}
+
+// NoEndpointError answers 503: no endpoint is eligible for the request.
+type NoEndpointError struct {
+	// Filter names what removed the last candidate (for the answer).
+	Filter string
+}
+
+func (e *NoEndpointError) Error() string {
+	return "no eligible endpoint: " + e.Filter
+}
+
+// ShedError answers 429: the request waited past its class's budget.
+type ShedError struct {
+	Class  string
+	Waited time.Duration
+	Budget time.Duration
+}
+
+func (e *ShedError) Error() string {
+	return fmt.Sprintf("policy class %q: queued %s, past its wait budget of %s", e.Class, e.Waited.Round(time.Millisecond), e.Budget)
+}
+
+// ErrShuttingDown answers 503: the dispatcher is draining.
+var ErrShuttingDown = errors.New("endpoint picker is shutting down")
+
+// Observer receives the dispatcher's per-request events for metrics. Its
+// methods run on the loop goroutine and must not block.
+type Observer interface {
+	// Dispatched: a request got an endpoint, after waiting wait in the
+	// queue (0 and queued false for a direct dispatch).
+	Dispatched(class string, queued bool, wait time.Duration)
+	// Rejected: a request was answered with an error; reason is one of
+	// queue_limit_requests, queue_limit_raw_isl_tokens,
+	// queue_limit_cached_tokens, shed, no_endpoints, shutting_down,
+	// cancelled.
+	Rejected(class string, reason string)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Dispatched(string, bool, time.Duration) {}
+func (nopObserver) Rejected(string, string)                {}
+
+// ClassSnapshot is one class's queue state for metrics and status.
+type ClassSnapshot struct {
+	drr.ClassStats
+}
+
+// EndpointSnapshot is one endpoint's accounting for metrics.
+type EndpointSnapshot struct {
+	Addr          string
+	ActivePrefill uint64
+	InFlight      int
+	Tainted       bool
+}
+
+// Snapshot is the dispatcher's state at one instant.
+type Snapshot struct {
+	Classes   []drr.ClassStats
+	Endpoints []EndpointSnapshot
+	Queued    int
+}
