@@ -1,56 +1,636 @@
 package drr
 
-// Item is a queued request: the immutable snapshot of its Request plus the
-// scheduler's bookkeeping. The pointer is the handle for Remove.
-type Item struct {
-	Request
-	// unexported bookkeeping (heap positions, order key, sequence) follows
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+)
+
+// class is one physical policy class: its lanes, DRR deficit, pending sums
+// and expiry list.
+type class struct {
+	cfg     ClassConfig
+	idx     int
+	deficit uint64
+
+	shared lane
+	lanes  map[EndpointID]*lane
+	// cand indexes the exact lanes not known to be blocked, by head.
+	cand []*lane
+
+	n      uint64 // queued requests
+	raw    sum128 // queued raw prompt tokens
+	cached sum128 // queued cached tokens
+
+	// expHead..expTail is the arrival-ordered list of the class's items when
+	// it has a wait budget: the oldest expires first.
+	expHead, expTail *Item
 }
 
 // Scheduler is the policy-class DRR queue. It is not safe for concurrent
 // use: one goroutine (the dispatcher) owns it.
-type Scheduler struct{}
+type Scheduler struct {
+	classes []*class
+	cursor  int
+	seq     uint64
+	n       int
+	eps     map[EndpointID]*epState
+
+	// freeLanes recycles exact lanes: a lane empties and comes back often
+	// (one pinned request at a time), and reusing it keeps Offer and Pop
+	// free of lane allocations.
+	freeLanes []*lane
+
+	// Scratch for one arbitration, sized to the class count so Pop does not
+	// allocate: each class's dispatchable candidate and its deficit before
+	// the call (restored when the call ends with Unroutable).
+	scratchCand []*Item
+	scratchDef  []uint64
+}
+
+// maxFreeLanes bounds the lane free list.
+const maxFreeLanes = 1024
+
+// maxRecycledCap bounds the heap capacity a recycled lane keeps.
+const maxRecycledCap = 64
 
 // New returns a scheduler for the given classes (at least one). The ring
-// order is the slice order.
-func New(classes []ClassConfig) (*Scheduler, error) { panic("unimplemented") }
+// order is the slice order. Class names must be unique (deficits follow
+// names across SetClasses).
+func New(classes []ClassConfig) (*Scheduler, error) {
+	cs, err := buildClasses(classes)
+	if err != nil {
+		return nil, fmt.Errorf("drr: new scheduler: %w", err)
+	}
+	s := &Scheduler{eps: make(map[EndpointID]*epState)}
+	s.install(cs)
+	return s, nil
+}
+
+// buildClasses validates configs and returns empty classes for them.
+func buildClasses(cfgs []ClassConfig) ([]*class, error) {
+	if len(cfgs) == 0 {
+		return nil, errors.New("at least one policy class is required")
+	}
+	seen := make(map[string]int, len(cfgs))
+	cs := make([]*class, len(cfgs))
+	for i, cfg := range cfgs {
+		if j, dup := seen[cfg.Name]; dup {
+			return nil, fmt.Errorf("policy class %q (index %d): name already used by index %d", cfg.Name, i, j)
+		}
+		seen[cfg.Name] = i
+		if cfg.Quantum == 0 {
+			return nil, fmt.Errorf("policy class %q (index %d): quantum must be > 0", cfg.Name, i)
+		}
+		if cfg.Policy > EDF {
+			return nil, fmt.Errorf("policy class %q (index %d): unknown queue policy %v", cfg.Name, i, cfg.Policy)
+		}
+		if cfg.WaitBudget < 0 {
+			return nil, fmt.Errorf("policy class %q (index %d): wait budget %v must be >= 0", cfg.Name, i, cfg.WaitBudget)
+		}
+		c := &class{cfg: cfg, idx: i, lanes: make(map[EndpointID]*lane)}
+		c.shared = lane{cls: c, hidx: -1, pidx: -1}
+		cs[i] = c
+	}
+	return cs, nil
+}
+
+func (s *Scheduler) install(cs []*class) {
+	s.classes = cs
+	s.scratchCand = make([]*Item, len(cs))
+	s.scratchDef = make([]uint64, len(cs))
+}
+
+// NumClasses returns the number of classes in the ring.
+func (s *Scheduler) NumClasses() int { return len(s.classes) }
+
+// Class returns the configuration of class i (ring order).
+func (s *Scheduler) Class(i int) ClassConfig { return s.classes[i].cfg }
 
 // Offer admits a request (SPEC §5). It returns (nil, nil) when the request
 // should be dispatched directly (its class does not queue, or the class has
 // no backlog and allBusy is false); an Item when it was queued; or a
 // *Rejection when a queue limit, scaled by endpoints, is reached. allBusy
-// is the caller's busy test over the request's eligible endpoints.
+// is the caller's busy test over the request's eligible endpoints. A class
+// index out of range is an error (not a *Rejection).
 func (s *Scheduler) Offer(r Request, endpoints int, allBusy bool) (*Item, error) {
-	panic("unimplemented")
+	if r.Class < 0 || r.Class >= len(s.classes) {
+		return nil, fmt.Errorf("drr: offer: class index %d out of range [0,%d)", r.Class, len(s.classes))
+	}
+	c := s.classes[r.Class]
+	// New arrivals never bypass a backlog of their own class.
+	if !c.cfg.Queueing || (c.n == 0 && !allBusy) {
+		return nil, nil
+	}
+	if rej := c.admit(endpoints); rej != nil {
+		return nil, rej
+	}
+	it := &Item{Request: r}
+	if it.Cached > it.RawISL {
+		it.Cached = it.RawISL
+	}
+	s.seq++
+	it.seq = s.seq
+	s.insert(c, it)
+	return it, nil
+}
+
+// admit checks the class's limits before one more request is added: reject
+// when current >= per-worker limit × endpoints.
+func (c *class) admit(endpoints int) *Rejection {
+	eps := uint64(0)
+	if endpoints > 0 {
+		eps = uint64(endpoints)
+	}
+	check := func(kind LimitKind, perWorker, current uint64) *Rejection {
+		if perWorker == NoLimit {
+			return nil
+		}
+		limit := SaturatingMul(perWorker, eps)
+		if current >= limit {
+			return &Rejection{Class: c.cfg.Name, Kind: kind, Current: current, Limit: limit}
+		}
+		return nil
+	}
+	if r := check(LimitRequests, c.cfg.RequestLimitPerWorker, c.n); r != nil {
+		return r
+	}
+	if r := check(LimitRawISLTokens, c.cfg.RawISLLimitPerWorker, c.raw.sat()); r != nil {
+		return r
+	}
+	return check(LimitCachedTokens, c.cfg.CachedLimitPerWorker, c.cached.sat())
+}
+
+// insert queues it in class c: key, lane, expiry list, sums.
+func (s *Scheduler) insert(c *class, it *Item) {
+	it.setKey(&c.cfg)
+	if it.Pinned == NoEndpoint {
+		c.shared.push(it)
+	} else {
+		l := c.lanes[it.Pinned]
+		if l == nil {
+			l = s.newLane(c, it.Pinned)
+		}
+		l.push(it)
+		if l.hidx >= 0 && it.idx == 0 {
+			c.candFix(int(l.hidx))
+		}
+	}
+	if c.cfg.WaitBudget > 0 {
+		c.expInsert(it)
+	}
+	c.n++
+	c.raw.add(it.RawISL)
+	c.cached.add(it.Cached)
+	s.n++
+}
+
+// newLane creates the exact lane of ep in c, with no cached verdict, in the
+// candidate index.
+func (s *Scheduler) newLane(c *class, ep EndpointID) *lane {
+	st := s.eps[ep]
+	if st == nil {
+		st = &epState{id: ep}
+		s.eps[ep] = st
+	}
+	st.refs++
+	var l *lane
+	if n := len(s.freeLanes); n > 0 {
+		l = s.freeLanes[n-1]
+		s.freeLanes[n-1] = nil
+		s.freeLanes = s.freeLanes[:n-1]
+	} else {
+		l = &lane{}
+	}
+	*l = lane{items: l.items[:0], cls: c, ep: st, hidx: -1, pidx: -1}
+	c.lanes[ep] = l
+	c.candPush(l)
+	return l
+}
+
+// dropLane forgets an empty exact lane.
+func (s *Scheduler) dropLane(l *lane) {
+	c, st := l.cls, l.ep
+	if l.hidx >= 0 {
+		c.candRemoveAt(int(l.hidx))
+	}
+	if l.pidx >= 0 {
+		st.unpark(l)
+	}
+	delete(c.lanes, st.id)
+	st.refs--
+	if st.refs == 0 {
+		delete(s.eps, st.id)
+	}
+	items := l.items[:0]
+	if cap(items) > maxRecycledCap {
+		items = nil
+	}
+	*l = lane{items: items}
+	if len(s.freeLanes) < maxFreeLanes {
+		s.freeLanes = append(s.freeLanes, l)
+	}
+}
+
+func (st *epState) park(l *lane) {
+	l.pidx = int32(len(st.parked))
+	st.parked = append(st.parked, l)
+}
+
+func (st *epState) unpark(l *lane) {
+	i, n := int(l.pidx), len(st.parked)-1
+	if i != n {
+		st.parked[i] = st.parked[n]
+		st.parked[i].pidx = int32(i)
+	}
+	st.parked[n] = nil
+	st.parked = st.parked[:n]
+	l.pidx = -1
+}
+
+// expInsert links it into the class's expiry list, keeping arrival order:
+// at the tail when arrivals are monotone, else walking back from the tail.
+func (c *class) expInsert(it *Item) {
+	it.inExp = true
+	p := c.expTail
+	for p != nil && p.Arrival > it.Arrival {
+		p = p.prev
+	}
+	it.prev = p
+	if p == nil {
+		it.next = c.expHead
+		c.expHead = it
+	} else {
+		it.next = p.next
+		p.next = it
+	}
+	if it.next == nil {
+		c.expTail = it
+	} else {
+		it.next.prev = it
+	}
+}
+
+func (c *class) expUnlink(it *Item) {
+	if it.prev == nil {
+		c.expHead = it.next
+	} else {
+		it.prev.next = it.next
+	}
+	if it.next == nil {
+		c.expTail = it.prev
+	} else {
+		it.next.prev = it.prev
+	}
+	it.prev, it.next, it.inExp = nil, nil, false
+}
+
+// unlink takes a queued item out of every structure and the sums. A class
+// left empty has its deficit reset (SPEC §4: an empty class holds no
+// credit).
+func (s *Scheduler) unlink(it *Item) {
+	l := it.home
+	c := l.cls
+	wasHead := it.idx == 0
+	l.removeAt(int(it.idx))
+	if l.ep != nil {
+		if len(l.items) == 0 {
+			s.dropLane(l)
+		} else if wasHead && l.hidx >= 0 {
+			c.candFix(int(l.hidx))
+		}
+	}
+	if it.inExp {
+		c.expUnlink(it)
+	}
+	c.n--
+	c.raw.sub(it.RawISL)
+	c.cached.sub(it.Cached)
+	s.n--
+	if c.n == 0 {
+		c.deficit = 0
+	}
+	it.home = nil
+	it.idx = -1
+}
+
+// Remove takes a queued item out (its client went away) in O(log n). It
+// reports false if the item is no longer queued.
+func (s *Scheduler) Remove(it *Item) bool {
+	if it == nil || it.home == nil {
+		return false
+	}
+	s.unlink(it)
+	return true
 }
 
 // Pop runs one arbitration (SPEC §4) and returns the next item to leave the
 // queue and why. Expired items (WaitBudget elapsed at now) leave first;
 // then heads judged Unroutable (Outcome NoRoute); then one DRR dispatch. It returns (nil, None) when
 // nothing can leave. Call it in a loop until None.
-func (s *Scheduler) Pop(now int64, p Probe) (*Item, Outcome) { panic("unimplemented") }
+//
+// Lane verdicts are cached until EndpointChanged: after dispatching to an
+// endpoint (which changes its load), the caller reports that endpoint.
+func (s *Scheduler) Pop(now int64, p Probe) (*Item, Outcome) {
+	if s.n == 0 {
+		return nil, None
+	}
+	if it := s.firstExpired(now); it != nil {
+		s.unlink(it)
+		return it, Expired
+	}
+	nc := len(s.classes)
+	cands, saved := s.scratchCand, s.scratchDef
+	found := false
+	ci := s.cursor
+	for k := 0; k < nc; k++ {
+		c := s.classes[ci]
+		saved[ci] = c.deficit
+		cands[ci] = nil
+		if c.n == 0 {
+			c.deficit = 0
+		} else {
+			it, bad := s.candidate(c, p)
+			if bad != nil {
+				// Leave no trace of this scan: the item answers 503 and
+				// the ring is as if the call had not happened.
+				for j, cj := 0, s.cursor; j <= k; j++ {
+					s.classes[cj].deficit = saved[cj]
+					if cj++; cj == nc {
+						cj = 0
+					}
+				}
+				s.unlink(bad)
+				return bad, NoRoute
+			}
+			if it != nil {
+				cands[ci] = it
+				found = true
+				if c.deficit >= it.cost {
+					return s.dispatch(c, it), Dispatch
+				}
+				c.deficit = SaturatingAdd(c.deficit, c.cfg.Quantum)
+				if c.deficit >= it.cost {
+					return s.dispatch(c, it), Dispatch
+				}
+			}
+		}
+		if ci++; ci == nc {
+			ci = 0
+		}
+	}
+	if !found {
+		return nil, None // every head blocked: no credit at all
+	}
+	// Bulk virtual rounds: the fewest whole rounds after which some
+	// candidate is affordable, granted to every candidate class alike so
+	// the weighting holds and the call costs O(C) whatever the cost.
+	rounds := uint64(math.MaxUint64)
+	for i, it := range cands {
+		if it == nil {
+			continue
+		}
+		c := s.classes[i]
+		need := it.cost - c.deficit // > 0: the scan found it unaffordable
+		r := need / c.cfg.Quantum
+		if need%c.cfg.Quantum != 0 {
+			r++
+		}
+		rounds = min(rounds, r)
+	}
+	for i, it := range cands {
+		if it != nil {
+			c := s.classes[i]
+			c.deficit = SaturatingAdd(c.deficit, SaturatingMul(c.cfg.Quantum, rounds))
+		}
+	}
+	ci = s.cursor
+	for k := 0; k < nc; k++ {
+		if it := cands[ci]; it != nil && s.classes[ci].deficit >= it.cost {
+			return s.dispatch(s.classes[ci], it), Dispatch
+		}
+		if ci++; ci == nc {
+			ci = 0
+		}
+	}
+	return nil, None // unreachable: the class with the fewest rounds can pay
+}
 
-// Remove takes a queued item out (its client went away) in O(log n). It
-// reports false if the item is no longer queued.
-func (s *Scheduler) Remove(it *Item) bool { panic("unimplemented") }
+// candidate returns the class's best dispatchable head (shared head or best
+// ready exact-lane head), or an Unroutable head to hand back.
+func (s *Scheduler) candidate(c *class, p Probe) (best, unroutable *Item) {
+	if len(c.shared.items) > 0 {
+		h := c.shared.items[0]
+		switch p.Shared(c.idx, h) {
+		case Ready:
+			best = h
+		case Unroutable:
+			return nil, h
+		}
+	}
+	for len(c.cand) > 0 {
+		l := c.cand[0]
+		if !l.verdictCached() {
+			switch p.Lane(c.idx, l.ep.id) {
+			case Ready:
+				l.ready, l.readyGen = true, l.ep.gen
+			case Unroutable:
+				return nil, l.items[0]
+			default: // Blocked: park until the endpoint changes
+				c.candRemoveAt(0)
+				l.ready = false
+				l.ep.park(l)
+				continue
+			}
+		}
+		if h := l.items[0]; best == nil || before(h, best) {
+			best = h
+		}
+		break
+	}
+	return best, nil
+}
+
+// dispatch charges c for it, takes it out and moves the cursor (SPEC §4
+// step 3).
+func (s *Scheduler) dispatch(c *class, it *Item) *Item {
+	c.deficit -= it.cost
+	s.unlink(it)
+	s.cursor = c.idx
+	if c.n == 0 || !c.nextAffordable() {
+		if s.cursor++; s.cursor == len(s.classes) {
+			s.cursor = 0
+		}
+	}
+	return it
+}
+
+// nextAffordable reports whether the class's next head (best of the shared
+// head and the indexed lane heads, verdicts aside) fits its deficit, in
+// which case the class keeps the cursor to spend its burst.
+func (c *class) nextAffordable() bool {
+	var h *Item
+	if len(c.shared.items) > 0 {
+		h = c.shared.items[0]
+	}
+	if len(c.cand) > 0 {
+		if lh := c.cand[0].items[0]; h == nil || before(lh, h) {
+			h = lh
+		}
+	}
+	return h != nil && c.deficit >= h.cost
+}
+
+// firstExpired returns the queued item with the earliest expiry if that is
+// at or before now.
+func (s *Scheduler) firstExpired(now int64) *Item {
+	var best *Item
+	var at int64
+	for _, c := range s.classes {
+		if h := c.expHead; h != nil {
+			if e := h.expiry(int64(c.cfg.WaitBudget)); e <= now && (best == nil || e < at) {
+				best, at = h, e
+			}
+		}
+	}
+	return best
+}
 
 // EndpointChanged invalidates the cached verdicts of every lane of ep, in
-// every class, so that the next Pop asks the Probe again.
-func (s *Scheduler) EndpointChanged(ep EndpointID) { panic("unimplemented") }
+// every class, so that the next Pop asks the Probe again. Blocked lanes of
+// ep return to their classes' candidate indexes.
+func (s *Scheduler) EndpointChanged(ep EndpointID) {
+	st := s.eps[ep]
+	if st == nil {
+		return // no lane of ep, so no cached verdict
+	}
+	st.gen++
+	for i, l := range st.parked {
+		st.parked[i] = nil
+		l.pidx = -1
+		l.ready = false
+		l.cls.candPush(l)
+	}
+	st.parked = st.parked[:0]
+}
 
 // NextExpiry returns the earliest time a queued item's WaitBudget runs out.
-func (s *Scheduler) NextExpiry() (at int64, ok bool) { panic("unimplemented") }
+func (s *Scheduler) NextExpiry() (at int64, ok bool) {
+	for _, c := range s.classes {
+		if h := c.expHead; h != nil {
+			if e := h.expiry(int64(c.cfg.WaitBudget)); !ok || e < at {
+				at, ok = e, true
+			}
+		}
+	}
+	return at, ok
+}
 
 // SetClasses replaces the class set without losing or reordering queued
 // requests. classify maps each queued item to its class index in the new
 // set (the scheduler then keeps its arrival order); classes that keep their
-// name keep their deficit.
+// name keep their deficit. A nil classify keeps every item's index. On
+// error (invalid config, index out of range) nothing changes.
+//
+// Items are re-keyed under their new class's policy; their arrival
+// sequence, the final tie breaker, is kept. Cached lane verdicts are
+// dropped. The cursor stays on its class if that name survives, else it
+// restarts at 0. Queue limits are not re-applied to queued items.
 func (s *Scheduler) SetClasses(classes []ClassConfig, classify func(*Item) int) error {
-	panic("unimplemented")
+	cs, err := buildClasses(classes)
+	if err != nil {
+		return fmt.Errorf("drr: set classes: %w", err)
+	}
+	items := s.all()
+	dest := make([]int, len(items))
+	for i, it := range items {
+		ci := it.Class
+		if classify != nil {
+			ci = classify(it)
+		}
+		if ci < 0 || ci >= len(cs) {
+			return fmt.Errorf("drr: set classes: item %d (class %q) classified to index %d, out of range [0,%d)",
+				it.seq, it.home.cls.cfg.Name, ci, len(cs))
+		}
+		dest[i] = ci
+	}
+	byName := make(map[string]*class, len(cs))
+	for _, c := range cs {
+		byName[c.cfg.Name] = c
+	}
+	cursorName := s.classes[s.cursor].cfg.Name
+	for _, old := range s.classes {
+		if c := byName[old.cfg.Name]; c != nil {
+			c.deficit = old.deficit
+		}
+	}
+	// Insert oldest first so each expiry list is built at its tail.
+	order := make([]int, len(items))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		x, y := items[a], items[b]
+		if x.Arrival != y.Arrival {
+			if x.Arrival < y.Arrival {
+				return -1
+			}
+			return 1
+		}
+		if x.seq < y.seq {
+			return -1
+		}
+		return 1
+	})
+	s.eps = make(map[EndpointID]*epState)
+	s.freeLanes = nil
+	s.n = 0
+	s.install(cs)
+	for _, i := range order {
+		it := items[i]
+		*it = Item{Request: it.Request, seq: it.seq}
+		it.Class = dest[i]
+		s.insert(cs[dest[i]], it)
+	}
+	s.cursor = 0
+	for _, c := range cs {
+		if c.n == 0 {
+			c.deficit = 0
+		}
+		if c.cfg.Name == cursorName {
+			s.cursor = c.idx
+		}
+	}
+	return nil
+}
+
+// all returns every queued item.
+func (s *Scheduler) all() []*Item {
+	out := make([]*Item, 0, s.n)
+	for _, c := range s.classes {
+		out = append(out, c.shared.items...)
+		for _, l := range c.lanes {
+			out = append(out, l.items...)
+		}
+	}
+	return out
 }
 
 // Stats returns per-class statistics in ring order.
-func (s *Scheduler) Stats() []ClassStats { panic("unimplemented") }
+func (s *Scheduler) Stats() []ClassStats {
+	out := make([]ClassStats, len(s.classes))
+	for i, c := range s.classes {
+		out[i] = ClassStats{
+			Name:          c.cfg.Name,
+			Pending:       c.n,
+			PendingRawISL: c.raw.sat(),
+			PendingCached: c.cached.sat(),
+			Deficit:       c.deficit,
+		}
+	}
+	return out
+}
 
 // Len returns the number of queued requests.
-func (s *Scheduler) Len() int { panic("unimplemented") }
+func (s *Scheduler) Len() int { return s.n }

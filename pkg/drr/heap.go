@@ -1,0 +1,170 @@
+package drr
+
+// The heaps are written by hand over slices of pointers: container/heap
+// would box every push and pop through an interface, and the hot path of
+// Pop must not allocate.
+
+// lane is one ordered heap of a class: its shared heap, or the exact lane
+// of one pinned endpoint.
+type lane struct {
+	items []*Item
+	cls   *class
+	// ep is the endpoint of an exact lane; nil for the shared heap.
+	ep *epState
+	// hidx is the lane's position in cls.cand, or -1 when it is not there
+	// (shared heap, or parked because blocked).
+	hidx int32
+	// pidx is the lane's position in ep.parked, or -1 when not parked.
+	pidx int32
+	// ready caches a Ready verdict, valid while readyGen == ep.gen.
+	ready    bool
+	readyGen uint64
+}
+
+// epState is what the scheduler keeps per pinned endpoint: a generation
+// that EndpointChanged bumps (so cached Ready verdicts go stale) and the
+// blocked lanes waiting for that endpoint, in every class.
+type epState struct {
+	id     EndpointID
+	gen    uint64
+	refs   int // exact lanes of any class on this endpoint
+	parked []*lane
+}
+
+func (l *lane) head() *Item { return l.items[0] }
+
+// verdictCached reports whether the lane holds a Ready verdict taken since
+// the last EndpointChanged of its endpoint.
+func (l *lane) verdictCached() bool { return l.ready && l.readyGen == l.ep.gen }
+
+func (l *lane) push(it *Item) {
+	it.home = l
+	it.idx = int32(len(l.items))
+	l.items = append(l.items, it)
+	l.up(len(l.items) - 1)
+}
+
+// removeAt takes the item at position i out of the heap.
+func (l *lane) removeAt(i int) {
+	n := len(l.items) - 1
+	if i != n {
+		l.swap(i, n)
+	}
+	l.items[n] = nil // let the item go
+	l.items = l.items[:n]
+	if i != n {
+		if !l.down(i) {
+			l.up(i)
+		}
+	}
+}
+
+func (l *lane) swap(i, j int) {
+	h := l.items
+	h[i], h[j] = h[j], h[i]
+	h[i].idx = int32(i)
+	h[j].idx = int32(j)
+}
+
+func (l *lane) up(j int) {
+	h := l.items
+	for j > 0 {
+		i := (j - 1) / 2
+		if !before(h[j], h[i]) {
+			break
+		}
+		l.swap(i, j)
+		j = i
+	}
+}
+
+// down sifts position i0 down and reports whether it moved.
+func (l *lane) down(i0 int) bool {
+	h := l.items
+	n := len(h)
+	i := i0
+	for {
+		j := 2*i + 1
+		if j >= n || j < 0 {
+			break
+		}
+		if r := j + 1; r < n && before(h[r], h[j]) {
+			j = r
+		}
+		if !before(h[j], h[i]) {
+			break
+		}
+		l.swap(i, j)
+		i = j
+	}
+	return i > i0
+}
+
+// The candidate index of a class: a heap of its exact lanes that are not
+// known to be blocked, ordered by their heads.
+
+func (c *class) candPush(l *lane) {
+	l.hidx = int32(len(c.cand))
+	c.cand = append(c.cand, l)
+	c.candUp(len(c.cand) - 1)
+}
+
+func (c *class) candRemoveAt(i int) {
+	n := len(c.cand) - 1
+	if i != n {
+		c.candSwap(i, n)
+	}
+	c.cand[n].hidx = -1
+	c.cand[n] = nil
+	c.cand = c.cand[:n]
+	if i != n {
+		c.candFix(i)
+	}
+}
+
+// candFix restores the index after the head of the lane at i changed.
+func (c *class) candFix(i int) {
+	if !c.candDown(i) {
+		c.candUp(i)
+	}
+}
+
+func (c *class) candSwap(i, j int) {
+	h := c.cand
+	h[i], h[j] = h[j], h[i]
+	h[i].hidx = int32(i)
+	h[j].hidx = int32(j)
+}
+
+func (c *class) candUp(j int) {
+	h := c.cand
+	for j > 0 {
+		i := (j - 1) / 2
+		if !before(h[j].items[0], h[i].items[0]) {
+			break
+		}
+		c.candSwap(i, j)
+		j = i
+	}
+}
+
+func (c *class) candDown(i0 int) bool {
+	h := c.cand
+	n := len(h)
+	i := i0
+	for {
+		j := 2*i + 1
+		if j >= n || j < 0 {
+			break
+		}
+		if r := j + 1; r < n && before(h[r].items[0], h[j].items[0]) {
+			j = r
+		}
+		if !before(h[j].items[0], h[i].items[0]) {
+			break
+		}
+		c.candSwap(i, j)
+		i = j
+	}
+	return i > i0
+}
