@@ -57,6 +57,34 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
 	  done; \
 	done
 
+##@ Generate
+
+# Code and manifest generators, built from hack/tools (its own module, so the
+# tools' dependencies stay out of laneway's go.mod).
+TOOLS_DIR      := hack/tools
+CONTROLLER_GEN := $(BIN)/controller-gen
+HELM           := $(BIN)/helm
+
+.PHONY: generate
+generate: controller-gen ## Generate deepcopy code for api/ (zz_generated.deepcopy.go).
+	$(CONTROLLER_GEN) object paths=./api/...
+
+.PHONY: manifests
+manifests: controller-gen ## Generate the CRD manifests into config/crd/bases.
+	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+
+.PHONY: controller-gen
+controller-gen: $(CONTROLLER_GEN) ## Build controller-gen into bin/.
+
+$(CONTROLLER_GEN): $(TOOLS_DIR)/go.mod $(TOOLS_DIR)/go.sum
+	cd $(TOOLS_DIR) && $(GO) build -o $(CONTROLLER_GEN) sigs.k8s.io/controller-tools/cmd/controller-gen
+
+.PHONY: helm
+helm: $(HELM) ## Build helm into bin/.
+
+$(HELM): $(TOOLS_DIR)/go.mod $(TOOLS_DIR)/go.sum
+	cd $(TOOLS_DIR) && $(GO) build -o $(HELM) helm.sh/helm/v3/cmd/helm
+
 ##@ Tools
 
 .PHONY: envtest
