@@ -1,0 +1,76 @@
+package extproc
+
+import (
+	"context"
+	"strconv"
+)
+
+// Request is what the gateway told us about one HTTP request.
+type Request struct {
+	// Headers holds the request headers with lower-cased names, including the
+	// HTTP/2 pseudo headers (:method, :path, :authority); the first value of a
+	// repeated header wins and values are kept as received.
+	Headers map[string]string
+	// Body is the whole request body; it may be empty.
+	Body []byte
+	// Subset is the endpoint subset hint from filter metadata
+	// envoy.lb.subset_hint / x-gateway-destination-endpoint-subset as a list of
+	// "ip[:port]"; nil means there was no hint.
+	Subset []string
+	// HasSubset reports that the hint key was present, even when it named no
+	// endpoint (which SPEC §7 answers with 503).
+	HasSubset bool
+	// TestEndpoints is the conformance header test-epp-endpoint-selection split
+	// on commas; nil means the header was absent or empty.
+	TestEndpoints []string
+}
+
+// Decision is the decider's answer for a routable request.
+type Decision struct {
+	// Endpoints lists "ip:port" targets: the first is the pick, the rest are
+	// ordered fallbacks. It must not be empty.
+	Endpoints []string
+	// Body replaces the request body when non-nil; nil forwards the body
+	// unchanged. The server fixes content-length itself.
+	Body []byte
+	// Lifecycle receives the response-path events of the dispatched request;
+	// it may be nil.
+	Lifecycle Lifecycle
+}
+
+// Lifecycle receives the response-path events of a dispatched request.
+type Lifecycle interface {
+	// FirstByte reports the first response body byte (or the end of a response
+	// without a body). It is called at most once.
+	FirstByte()
+	// Done reports that the stream ended for any reason. It is called exactly
+	// once per dispatched request, after FirstByte if that happened.
+	Done()
+}
+
+// Decider decides where a request goes. It may block (the request is queued)
+// until ctx ends; ctx ends when the gateway abandons the stream.
+type Decider interface {
+	Decide(ctx context.Context, req *Request) (Decision, error)
+}
+
+// Reply is an error a Decider returns to answer the client directly with an
+// ImmediateResponse.
+type Reply struct {
+	// Status is the HTTP status (400, 429, 503...).
+	Status int
+	// Reason is a short machine word sent as header x-laneway-reason (for
+	// example "queue_limit", "shed", "no_endpoints", "shutting_down",
+	// "malformed_body").
+	Reason string
+	// Body is the JSON response body; when nil, {"error": Message} is sent.
+	Body []byte
+	// Message is the human-readable error text.
+	Message string
+}
+
+// Error returns the reply's message, prefixed with its status and reason so
+// that a Reply logged as an error says what the client was told.
+func (r *Reply) Error() string {
+	return "reply " + strconv.Itoa(r.Status) + " " + r.Reason + ": " + r.Message
+}

@@ -1,0 +1,106 @@
+package extproc
+
+import (
+	"errors"
+	"io"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Outcome labels passed to Observer.StreamDone. A stream answered with a
+// Decider's Reply reports the Reply's Reason instead (or OutcomeRejected when
+// the Reason is empty), so the label set is these constants plus the
+// Decider's own small set of reason words.
+const (
+	// OutcomeRouted: the pick was sent to the gateway.
+	OutcomeRouted = "routed"
+	// OutcomeRejected: a Reply without a Reason was sent.
+	OutcomeRejected = "rejected"
+	// OutcomeBodyTooLarge: the request body exceeded Options.MaxBodyBytes (400).
+	OutcomeBodyTooLarge = "body_too_large"
+	// OutcomeDeciderError: the Decider failed with an error that is not a
+	// Reply (503).
+	OutcomeDeciderError = "decider_error"
+	// OutcomeClientGone: the gateway went away before an answer could be
+	// sent.
+	OutcomeClientGone = "client_gone"
+	// OutcomeProtocolError: the gateway broke the protocol or asked for an
+	// unsupported mode; the stream ended with a gRPC error.
+	OutcomeProtocolError = "protocol_error"
+)
+
+// Observer receives one call per finished stream, e.g. to count outcomes in
+// Prometheus. It is called on the stream's goroutine and must not block.
+type Observer interface {
+	StreamDone(outcome string)
+}
+
+// Options configures a Server. The zero value is usable.
+type Options struct {
+	// MaxBodyBytes bounds the request body; a larger body is answered with
+	// 400. Zero means DefaultMaxBodyBytes.
+	MaxBodyBytes int
+	// Logger receives per-stream diagnostics at verbosity 4 and protocol
+	// errors at verbosity 2. The zero Logger discards.
+	Logger logr.Logger
+	// Observer, when set, is told each stream's outcome.
+	Observer Observer
+}
+
+// Server implements envoy.service.ext_proc.v3.ExternalProcessor. It is safe
+// for concurrent use; every stream runs on its own gRPC goroutine and shares
+// no mutable state with other streams.
+type Server struct {
+	decider Decider
+	maxBody int
+	log     logr.Logger
+	obs     Observer
+}
+
+// NewServer returns a Server that asks d where each request goes.
+func NewServer(d Decider, opts Options) *Server {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	return &Server{decider: d, maxBody: opts.MaxBodyBytes, log: opts.Logger, obs: opts.Observer}
+}
+
+// Register adds the ExternalProcessor service to a gRPC server.
+func (s *Server) Register(r grpc.ServiceRegistrar) {
+	extprocv3.RegisterExternalProcessorServer(r, s)
+}
+
+// ServiceName is the fully qualified gRPC service name, which is also the
+// health-check service name Envoy probes (SPEC §7).
+const ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+// Process handles one ext_proc stream, i.e. one HTTP request, from request
+// headers to the end of the response. It returns nil when the gateway ends the
+// stream (also by cancelling it) and a gRPC status error on protocol
+// violations.
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	st := stream{s: s, srv: srv, ctx: srv.Context(), outcome: OutcomeClientGone}
+	err := st.run()
+	st.finish()
+	if s.obs != nil {
+		s.obs.StreamDone(st.outcome)
+	}
+	return err
+}
+
+// recvDone reports whether a Recv error is the gateway ending the stream
+// rather than a failure worth reporting.
+func recvDone(err error) bool {
+	if errors.Is(err, io.EOF) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Canceled, codes.DeadlineExceeded:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,416 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// stream is the state of one ext_proc stream. It lives on the stream's gRPC
+// goroutine only, so it needs no locking. A single goroutine suffices because
+// the protocol never needs a concurrent read while the Decider blocks: the
+// request is complete by then, and a gateway that gives up cancels the stream,
+// which ends ctx and with it the Decider's wait.
+type stream struct {
+	s   *Server
+	srv extprocv3.ExternalProcessor_ProcessServer
+	ctx context.Context
+
+	started   bool // first message seen (protocol_config read)
+	reqMode   filterv3.ProcessingMode_BodySendMode
+	respMode  filterv3.ProcessingMode_BodySendMode
+	gotHeader bool // request headers seen
+	answered  bool // the request's one answer (pick or immediate response) was sent
+
+	req         Request
+	conformance bool   // the request carried the conformance selection header
+	pick        string // joined endpoint list sent to the gateway
+
+	dispatched bool      // the Decider returned a Decision
+	lc         Lifecycle // may be nil even when dispatched
+	firstByte  bool
+	done       bool
+
+	outcome string
+}
+
+// protocolError ends the stream with a gRPC error for a gateway that broke
+// the protocol. Envoy (failure_mode_allow false) turns it into a 500 for the
+// client, which is the honest answer to a misconfigured filter.
+func (st *stream) protocolError(c codes.Code, format string, args ...any) error {
+	st.outcome = OutcomeProtocolError
+	err := status.Errorf(c, format, args...)
+	st.s.log.V(2).Info("ext_proc protocol error", "error", err.Error())
+	return err
+}
+
+// run reads the stream until the gateway ends it or the request is answered
+// directly.
+func (st *stream) run() error {
+	for {
+		msg, err := st.srv.Recv()
+		if err != nil {
+			if recvDone(err) {
+				return nil
+			}
+			return fmt.Errorf("receive ext_proc message: %w", err)
+		}
+		if !st.started {
+			st.started = true
+			if msg.GetObservabilityMode() {
+				// The picker must answer every request; a filter that ignores
+				// answers cannot route.
+				return st.protocolError(codes.FailedPrecondition, "observability_mode is not supported by an endpoint picker")
+			}
+			st.reqMode, st.respMode = bodyModes(msg.GetProtocolConfig())
+		}
+		var end bool
+		switch r := msg.GetRequest().(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			end, err = st.onRequestHeaders(msg, r.RequestHeaders)
+		case *extprocv3.ProcessingRequest_RequestBody:
+			end, err = st.onRequestBody(r.RequestBody)
+		case *extprocv3.ProcessingRequest_RequestTrailers:
+			end, err = st.onRequestTrailers()
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			err = st.onResponseHeaders(msg, r.ResponseHeaders)
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			err = st.onResponseBody(r.ResponseBody)
+		case *extprocv3.ProcessingRequest_ResponseTrailers:
+			err = st.onResponseTrailers()
+		default:
+			err = st.protocolError(codes.InvalidArgument, "unexpected ext_proc message %T", r)
+		}
+		if err != nil || end {
+			return err
+		}
+	}
+}
+
+// bodyModes reads the body send modes from the protocol_config Envoy sends in
+// a stream's first message. Without one (older gateways, hand-written
+// clients) both directions are taken as FULL_DUPLEX_STREAMED, the mode the
+// inference extension protocol prescribes; NONE in a present config is a real
+// NONE.
+func bodyModes(pc *extprocv3.ProtocolConfiguration) (req, resp filterv3.ProcessingMode_BodySendMode) {
+	if pc == nil {
+		return filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	}
+	return pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+}
+
+func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) (bool, error) {
+	if st.gotHeader {
+		return true, st.protocolError(codes.InvalidArgument, "request headers sent twice")
+	}
+	st.gotHeader = true
+	st.req.Headers = headerMap(h.GetHeaders())
+	st.req.Subset, st.req.HasSubset = subsetHint(msg.GetMetadataContext())
+	if v, ok := st.req.Headers[HeaderTestEndpointSelection]; ok {
+		st.conformance = true
+		st.req.TestEndpoints = splitList(nil, v)
+	}
+
+	if h.GetEndOfStream() || st.reqMode == filterv3.ProcessingMode_NONE {
+		// Nothing more of the request will come: decide on the headers.
+		return st.decideAndAnswer(answerHeaders, false)
+	}
+	switch st.reqMode {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		if n, err := strconv.Atoi(st.req.Headers["content-length"]); err == nil && n > 0 && n <= st.s.maxBody {
+			st.req.Body = make([]byte, 0, n)
+		}
+		return false, nil
+	case filterv3.ProcessingMode_BUFFERED:
+		// Envoy sends the buffered body only after the headers are answered,
+		// so the headers get an empty answer now and the pick rides on the
+		// body response (header mutations on a body response take effect in
+		// BUFFERED mode).
+		return false, st.send(&extprocv3.ProcessingResponse{
+			Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}},
+		})
+	}
+	return true, st.protocolError(codes.FailedPrecondition,
+		"request_body_mode %s is not supported; configure FULL_DUPLEX_STREAMED or BUFFERED", st.reqMode)
+}
+
+func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
+	if !st.gotHeader || st.answered {
+		return true, st.protocolError(codes.InvalidArgument, "request body outside the request body phase")
+	}
+	if len(st.req.Body)+len(b.GetBody()) > st.s.maxBody {
+		return true, st.sendBodyTooLarge(len(st.req.Body) + len(b.GetBody()))
+	}
+	switch st.reqMode {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		if len(st.req.Body) == 0 && b.GetEndOfStream() {
+			st.req.Body = b.GetBody() // the common single-chunk body: no copy
+		} else {
+			st.req.Body = append(st.req.Body, b.GetBody()...)
+		}
+		if !b.GetEndOfStream() {
+			return false, nil
+		}
+		return st.decideAndAnswer(answerHeadersAndBody, false)
+	case filterv3.ProcessingMode_BUFFERED:
+		// The whole body arrives in one message; end_of_stream is false only
+		// when trailers follow, which changes nothing here.
+		st.req.Body = b.GetBody()
+		return st.decideAndAnswer(answerBody, false)
+	}
+	return true, st.protocolError(codes.InvalidArgument, "request body in body mode %s", st.reqMode)
+}
+
+func (st *stream) onRequestTrailers() (bool, error) {
+	if st.gotHeader && !st.answered && st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		// Trailers end a streamed body that had no end_of_stream chunk.
+		return st.decideAndAnswer(answerHeadersAndBody, true)
+	}
+	return false, st.send(&extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}},
+	})
+}
+
+// answerKind says which message carries the pick.
+type answerKind uint8
+
+const (
+	answerHeaders        answerKind = iota // request-headers response, no body to return
+	answerHeadersAndBody                   // request-headers response, then the body streamed back
+	answerBody                             // BUFFERED: body response with header and body mutations
+)
+
+// decideAndAnswer asks the Decider and sends the request's one answer. It
+// reports end=true when the stream has nothing left to do (answered directly
+// or the gateway is gone).
+func (st *stream) decideAndAnswer(kind answerKind, trailers bool) (end bool, err error) {
+	d, err := st.s.decider.Decide(st.ctx, &st.req)
+	if err != nil {
+		if st.ctx.Err() != nil {
+			return true, nil // the gateway went away; nobody to answer
+		}
+		return true, st.sendDeciderError(err)
+	}
+	st.dispatched = true
+	st.lc = d.Lifecycle
+	if len(d.Endpoints) == 0 {
+		return true, st.sendDeciderError(errors.New("decider returned no endpoint"))
+	}
+	st.pick = strings.Join(d.Endpoints, ",")
+
+	body := st.req.Body
+	newLen := -1 // content-length to set; -1 leaves the header alone
+	if d.Body != nil && kind != answerHeaders {
+		body, newLen = d.Body, len(d.Body)
+	}
+	if kind == answerHeaders && d.Body != nil {
+		st.s.log.V(4).Info("ignoring body replacement for a request without a body", "endpoint", st.pick)
+	}
+
+	switch kind {
+	case answerHeaders, answerHeadersAndBody:
+		if err := st.send(pickResponse(st.pick, newLen, nil, false)); err != nil {
+			return true, err
+		}
+		st.answered = true
+		st.outcome = OutcomeRouted
+		if kind == answerHeadersAndBody {
+			if err := st.sendStreamedRequestBody(body, trailers); err != nil {
+				return true, err
+			}
+		}
+	case answerBody:
+		var replace []byte
+		if newLen >= 0 {
+			replace = body
+		}
+		if err := st.send(pickResponse(st.pick, newLen, replace, true)); err != nil {
+			return true, err
+		}
+		st.answered = true
+		st.outcome = OutcomeRouted
+	}
+	if st.s.log.V(4).Enabled() {
+		st.s.log.V(4).Info("routed", "endpoints", st.pick, "bodyBytes", len(body))
+	}
+	return false, nil
+}
+
+// sendStreamedRequestBody streams the (possibly replaced) request body back
+// in chunks of at most MaxChunkBytes. Always at least one message is sent so
+// the gateway sees the end of the body even when it is empty. When trailers
+// follow, the body does not end the stream; the trailers answer does.
+func (st *stream) sendStreamedRequestBody(body []byte, trailers bool) error {
+	for off := 0; ; off += MaxChunkBytes {
+		end := min(off+MaxChunkBytes, len(body))
+		last := end == len(body)
+		resp := streamedBody(body[off:end], last && !trailers, true)
+		if err := st.send(resp); err != nil {
+			return err
+		}
+		if last {
+			break
+		}
+	}
+	if trailers {
+		return st.send(&extprocv3.ProcessingResponse{
+			Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}},
+		})
+	}
+	return nil
+}
+
+func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
+	if !st.answered {
+		return st.protocolError(codes.InvalidArgument, "response headers before the request was answered")
+	}
+	var served string
+	if st.conformance {
+		// Without the gateway's served-endpoint metadata the best statement
+		// is the pick itself, which is what the gateway was told to use.
+		if served = servedEndpoint(msg.GetMetadataContext()); served == "" {
+			served = st.pick
+		}
+	}
+	if err := st.send(responseHeadersResponse(served)); err != nil {
+		return err
+	}
+	switch {
+	case h.GetEndOfStream():
+		st.responseEnd()
+	case st.respMode == filterv3.ProcessingMode_NONE:
+		// The body will not pass through us: the headers are the earliest
+		// sign that prefill is over.
+		st.markFirstByte()
+	}
+	return nil
+}
+
+func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
+	if !st.answered {
+		return st.protocolError(codes.InvalidArgument, "response body before the request was answered")
+	}
+	if len(b.GetBody()) > 0 {
+		st.markFirstByte()
+	}
+	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		// Echo at once, chunk for chunk: nothing is buffered, so SSE events
+		// reach the client as the model server writes them.
+		body := b.GetBody()
+		for off := 0; ; off += MaxChunkBytes {
+			end := min(off+MaxChunkBytes, len(body))
+			last := end == len(body)
+			if err := st.send(streamedBody(body[off:end], last && b.GetEndOfStream(), false)); err != nil {
+				return err
+			}
+			if last {
+				break
+			}
+		}
+	} else {
+		// STREAMED, BUFFERED and BUFFERED_PARTIAL: an empty answer passes the
+		// chunk on unchanged.
+		if err := st.send(&extprocv3.ProcessingResponse{
+			Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}},
+		}); err != nil {
+			return err
+		}
+	}
+	if b.GetEndOfStream() {
+		st.responseEnd()
+	}
+	return nil
+}
+
+func (st *stream) onResponseTrailers() error {
+	if err := st.send(&extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}},
+	}); err != nil {
+		return err
+	}
+	st.responseEnd()
+	return nil
+}
+
+// markFirstByte reports the first response byte once.
+func (st *stream) markFirstByte() {
+	if !st.dispatched || st.firstByte {
+		return
+	}
+	st.firstByte = true
+	if st.lc != nil {
+		st.lc.FirstByte()
+	}
+}
+
+// responseEnd reports a complete response: first byte (if the response had
+// no body) then done, each once.
+func (st *stream) responseEnd() {
+	st.markFirstByte()
+	st.finish()
+}
+
+// finish calls Lifecycle.Done once for a dispatched request, whatever ended
+// the stream.
+func (st *stream) finish() {
+	if !st.dispatched || st.done {
+		return
+	}
+	st.done = true
+	if st.lc != nil {
+		st.lc.Done()
+	}
+}
+
+// send sends one message. A failure means the gateway is gone: the stream
+// ends and the outcome says so unless the answer was already sent.
+func (st *stream) send(resp *extprocv3.ProcessingResponse) error {
+	if err := st.srv.Send(resp); err != nil {
+		if !st.answered {
+			st.outcome = OutcomeClientGone
+		}
+		return fmt.Errorf("send ext_proc response: %w", err)
+	}
+	return nil
+}
+
+func (st *stream) sendBodyTooLarge(n int) error {
+	msg := fmt.Sprintf("request body of at least %d bytes exceeds the limit of %d bytes", n, st.s.maxBody)
+	if err := st.send(immediateResponse(400, "body_too_large", nil, msg)); err != nil {
+		return err
+	}
+	st.answered = true
+	st.outcome = OutcomeBodyTooLarge
+	return nil
+}
+
+// sendDeciderError answers a failed decision: a Reply as the Decider asked,
+// anything else as 503 with the error's message only.
+func (st *stream) sendDeciderError(err error) error {
+	var r *Reply
+	outcome := OutcomeDeciderError
+	var resp *extprocv3.ProcessingResponse
+	if errors.As(err, &r) {
+		outcome = r.Reason
+		if outcome == "" {
+			outcome = OutcomeRejected
+		}
+		resp = immediateResponse(r.Status, r.Reason, r.Body, r.Message)
+	} else {
+		st.s.log.V(2).Info("decider failed", "error", err.Error())
+		resp = immediateResponse(503, "picker_error", nil, err.Error())
+	}
+	if err := st.send(resp); err != nil {
+		return err
+	}
+	st.answered = true
+	st.outcome = outcome
+	return nil
+}
