@@ -171,10 +171,13 @@ func (s *Scheduler) insert(c *class, it *Item) {
 		l := c.lanes[it.Pinned]
 		if l == nil {
 			l = s.newLane(c, it.Pinned)
-		}
-		l.push(it)
-		if l.hidx >= 0 && it.idx == 0 {
-			c.candFix(int(l.hidx))
+			l.push(it)
+			c.candPush(l)
+		} else {
+			l.push(it)
+			if l.hidx >= 0 && it.idx == 0 {
+				c.candFix(int(l.hidx))
+			}
 		}
 	}
 	if c.cfg.WaitBudget > 0 {
@@ -186,8 +189,8 @@ func (s *Scheduler) insert(c *class, it *Item) {
 	s.n++
 }
 
-// newLane creates the exact lane of ep in c, with no cached verdict, in the
-// candidate index.
+// newLane creates the exact lane of ep in c, with no cached verdict; the
+// caller pushes its first item and puts it in the candidate index.
 func (s *Scheduler) newLane(c *class, ep EndpointID) *lane {
 	st := s.eps[ep]
 	if st == nil {
@@ -205,7 +208,6 @@ func (s *Scheduler) newLane(c *class, ep EndpointID) *lane {
 	}
 	*l = lane{items: l.items[:0], cls: c, ep: st, hidx: -1, pidx: -1}
 	c.lanes[ep] = l
-	c.candPush(l)
 	return l
 }
 
