@@ -1,0 +1,141 @@
+package metrics
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/laneway-dev/laneway/internal/dispatcher"
+)
+
+// WorkerType is the worker_type label of the reference router's series. An
+// endpoint picker routes to aggregated (prefill and decode) model servers.
+const WorkerType = "aggregated"
+
+// Snapshotter is where the collector reads queue and endpoint state.
+type Snapshotter interface {
+	Snapshot() (dispatcher.Snapshot, bool)
+}
+
+// Metrics holds every series the picker exposes. It implements
+// dispatcher.Observer and the stream observer of pkg/extproc.
+type Metrics struct {
+	model string
+
+	backpressure *prometheus.CounterVec
+	dispatches   *prometheus.CounterVec
+	rejections   *prometheus.CounterVec
+	queueWait    *prometheus.HistogramVec
+	streams      *prometheus.CounterVec
+
+	mu     sync.Mutex
+	source Snapshotter
+}
+
+// New registers the picker's series on reg. model is the model label of
+// the reference router's series (the pool's served model, or empty).
+func New(reg prometheus.Registerer, model string) *Metrics {
+	m := &Metrics{
+		model: model,
+		backpressure: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynamo_frontend_router_queue_backpressure_total",
+			Help: "Requests refused by a policy-class queue, by reason.",
+		}, []string{"model", "worker_type", "policy_class", "reason"}),
+		dispatches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "laneway_dispatches_total",
+			Help: "Requests given an endpoint, by class and whether they waited in the queue.",
+		}, []string{"policy_class", "queued"}),
+		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "laneway_rejections_total",
+			Help: "Requests answered without an endpoint, by class and reason.",
+		}, []string{"policy_class", "reason"}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "laneway_queue_wait_seconds",
+			Help:    "Time queued requests waited before dispatch, by class.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, []string{"policy_class"}),
+		streams: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "laneway_extproc_streams_total",
+			Help: "ext_proc streams by outcome.",
+		}, []string{"outcome"}),
+	}
+	reg.MustRegister(m.backpressure, m.dispatches, m.rejections, m.queueWait, m.streams, (*collector)(m))
+	return m
+}
+
+// SetSource sets where queue gauges are read at scrape time.
+func (m *Metrics) SetSource(s Snapshotter) {
+	m.mu.Lock()
+	m.source = s
+	m.mu.Unlock()
+}
+
+// Dispatched implements dispatcher.Observer.
+func (m *Metrics) Dispatched(class string, queued bool, wait time.Duration) {
+	m.dispatches.WithLabelValues(class, strconv.FormatBool(queued)).Inc()
+	if queued {
+		m.queueWait.WithLabelValues(class).Observe(wait.Seconds())
+	}
+}
+
+// Rejected implements dispatcher.Observer.
+func (m *Metrics) Rejected(class, reason string) {
+	m.rejections.WithLabelValues(class, reason).Inc()
+	if reason != "cancelled" {
+		m.backpressure.WithLabelValues(m.model, WorkerType, class, reason).Inc()
+	}
+}
+
+// StreamDone counts one ext_proc stream by outcome.
+func (m *Metrics) StreamDone(outcome string) {
+	m.streams.WithLabelValues(outcome).Inc()
+}
+
+var (
+	pendingReqDesc = prometheus.NewDesc("dynamo_frontend_router_queue_pending_requests",
+		"Requests waiting in a policy-class queue.", []string{"model", "worker_type", "policy_class"}, nil)
+	pendingISLDesc = prometheus.NewDesc("dynamo_frontend_router_queue_pending_isl_tokens",
+		"Raw prompt tokens of the requests waiting in a policy-class queue.", []string{"model", "worker_type", "policy_class"}, nil)
+	pendingCachedDesc = prometheus.NewDesc("dynamo_frontend_router_queue_pending_cached_tokens",
+		"Prefix-cached prompt tokens of the requests waiting in a policy-class queue.", []string{"model", "worker_type", "policy_class"}, nil)
+	deficitDesc = prometheus.NewDesc("laneway_class_deficit_tokens",
+		"DRR credit a policy class has earned and not spent, in uncached tokens.", []string{"policy_class"}, nil)
+	activePrefillDesc = prometheus.NewDesc("laneway_endpoint_active_prefill_tokens",
+		"Prompt tokens this picker sent to an endpoint that have not yet produced a first response byte.", []string{"endpoint"}, nil)
+	inFlightDesc = prometheus.NewDesc("laneway_endpoint_in_flight_requests",
+		"Requests this picker sent to an endpoint that have not finished.", []string{"endpoint"}, nil)
+)
+
+// collector reads the dispatcher snapshot at scrape time.
+type collector Metrics
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{pendingReqDesc, pendingISLDesc, pendingCachedDesc, deficitDesc, activePrefillDesc, inFlightDesc} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	src := c.source
+	c.mu.Unlock()
+	if src == nil {
+		return
+	}
+	s, ok := src.Snapshot()
+	if !ok {
+		return
+	}
+	for _, cl := range s.Classes {
+		ch <- prometheus.MustNewConstMetric(pendingReqDesc, prometheus.GaugeValue, float64(cl.Pending), c.model, WorkerType, cl.Name)
+		ch <- prometheus.MustNewConstMetric(pendingISLDesc, prometheus.GaugeValue, float64(cl.PendingRawISL), c.model, WorkerType, cl.Name)
+		ch <- prometheus.MustNewConstMetric(pendingCachedDesc, prometheus.GaugeValue, float64(cl.PendingCached), c.model, WorkerType, cl.Name)
+		ch <- prometheus.MustNewConstMetric(deficitDesc, prometheus.GaugeValue, float64(cl.Deficit), cl.Name)
+	}
+	for _, e := range s.Endpoints {
+		ch <- prometheus.MustNewConstMetric(activePrefillDesc, prometheus.GaugeValue, float64(e.ActivePrefill), e.Addr)
+		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(e.InFlight), e.Addr)
+	}
+}
