@@ -1,0 +1,203 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
+
+	"github.com/laneway-dev/laneway/pkg/drr"
+	"github.com/laneway-dev/laneway/pkg/policy"
+)
+
+const usage = `usage:
+  laneway validate FILE
+  laneway convert FILE --pool NAME [--namespace NS]
+`
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitInvalid = 1
+	exitUsage   = 2
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is main without the process: it returns the exit code, so tests can
+// call it.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "validate":
+		return runValidate(args[1:], stdout, stderr)
+	case "convert":
+		return runConvert(args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "laneway: unknown command %q\n%s", args[0], usage)
+	return exitUsage
+}
+
+// load reads a policy file and prints its problems, one per line.
+func load(path string, stderr io.Writer) (*policy.Config, int) {
+	cfg, err := policy.LoadFile(path)
+	if err == nil {
+		return cfg, exitOK
+	}
+	var ps policy.Problems
+	if errors.As(err, &ps) {
+		fmt.Fprintf(stderr, "%s: %d problem(s):\n", path, len(ps))
+		for _, p := range ps {
+			fmt.Fprintln(stderr, p.Message)
+		}
+		return nil, exitInvalid
+	}
+	fmt.Fprintf(stderr, "laneway: %v\n", err)
+	return nil, exitInvalid
+}
+
+func runValidate(args []string, stdout, stderr io.Writer) int {
+	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	cfg, code := load(fs.Arg(0), stderr)
+	if cfg == nil {
+		return code
+	}
+	comp, err := cfg.Compile()
+	if err != nil { // unreachable: LoadFile validated
+		fmt.Fprintf(stderr, "laneway: %v\n", err)
+		return exitInvalid
+	}
+	for i := range comp.Classes {
+		fmt.Fprintln(stdout, summary(cfg, comp, i))
+	}
+	return exitOK
+}
+
+// summary is one line describing class i.
+func summary(cfg *policy.Config, comp *policy.Compiled, i int) string {
+	in, cc, bt := comp.Info[i], comp.Classes[i], comp.Busy[i]
+	var b strings.Builder
+	if in.Model != "" {
+		fmt.Fprintf(&b, "model %q: ", in.Model)
+	}
+	fmt.Fprintf(&b, "class %q: ", in.Name)
+	switch {
+	case in.Synthetic:
+		b.WriteString("synthetic (no policy classes), ")
+	case in.Family == "":
+		b.WriteString("explicit, ")
+	default:
+		fmt.Fprintf(&b, "family %s, bucket %s (uncached >= %d), ", in.Family, in.Bucket, bucketMin(cfg, in))
+	}
+	fmt.Fprintf(&b, "policy %s, quantum %d, %s", cc.Policy, cc.Quantum, bt.String())
+	for _, l := range []struct {
+		name string
+		v    uint64
+	}{
+		{"requests", cc.RequestLimitPerWorker},
+		{"raw_isl_tokens", cc.RawISLLimitPerWorker},
+		{"cached_tokens", cc.CachedLimitPerWorker},
+	} {
+		if l.v != drr.NoLimit {
+			fmt.Fprintf(&b, ", limit %s %d/worker", l.name, l.v)
+		}
+	}
+	if cc.WaitBudget > 0 {
+		fmt.Fprintf(&b, ", max queue wait %s", cc.WaitBudget)
+	}
+	return b.String()
+}
+
+func bucketMin(cfg *policy.Config, in policy.ClassInfo) int64 {
+	p := &cfg.Root
+	for i := range cfg.Models {
+		if cfg.Models[i].Model == in.Model && in.Model != "" {
+			p = &cfg.Models[i].Profile
+		}
+	}
+	for _, b := range p.Buckets {
+		if b.Name == in.Bucket {
+			return b.MinTokens
+		}
+	}
+	return 0
+}
+
+func runConvert(args []string, stdout, stderr io.Writer) int {
+	fs := pflag.NewFlagSet("convert", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	pool := fs.String("pool", "", "name of the InferencePool the policy is for (required)")
+	ns := fs.String("namespace", "", "namespace of the pool and the objects (default: none, kubectl's current namespace)")
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 || *pool == "" {
+		if *pool == "" {
+			fmt.Fprintln(stderr, "laneway convert: --pool is required")
+		}
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	cfg, code := load(fs.Arg(0), stderr)
+	if cfg == nil {
+		return code
+	}
+	prof, classes := policy.ToObjects(cfg, *pool, *ns)
+	if prof == nil {
+		fmt.Fprintln(stdout, "# No policy classes: every request goes to the synthetic class \"default\"; no objects are needed.")
+		return exitOK
+	}
+	objs := []any{prof}
+	for i := range classes {
+		objs = append(objs, &classes[i])
+	}
+	for i, o := range objs {
+		out, err := manifest(o)
+		if err != nil {
+			fmt.Fprintf(stderr, "laneway: %v\n", err)
+			return exitInvalid
+		}
+		if i > 0 {
+			fmt.Fprintln(stdout, "---")
+		}
+		fmt.Fprint(stdout, string(out))
+	}
+	return exitOK
+}
+
+// manifest renders an object as YAML without the fields a new object does
+// not have (status, creationTimestamp).
+func manifest(obj any) ([]byte, error) {
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return nil, fmt.Errorf("encode object: %w", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("decode object: %w", err)
+	}
+	delete(m, "status")
+	if md, ok := m["metadata"].(map[string]any); ok {
+		delete(md, "creationTimestamp")
+	}
+	out, err := yaml.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("render object as YAML: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,357 @@
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Bounds on a policy file (real ones are a few kilobytes). They keep a
+// file that reuses anchors many times from costing unbounded work.
+const (
+	maxYAMLBytes     = 4 << 20
+	maxClassesInFile = 16 * 1024
+)
+
+// LoadFile reads and validates the policy YAML file at path (LoadYAML).
+func LoadFile(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read policy file: %w", err)
+	}
+	cfg, err := LoadYAML(data)
+	if err != nil {
+		return nil, fmt.Errorf("policy file %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// LoadYAML parses a policy in the reference router's YAML format and
+// validates it. The error is a Problems (every problem, one per line): the
+// syntax problems when the file cannot be read, else every rule the policy
+// breaks. An empty document is the empty Config (the synthetic class only).
+func LoadYAML(data []byte) (*Config, error) {
+	cfg, err := ParseYAML(data)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// ParseYAML reads the reference YAML strictly without validating the rules:
+// an unknown key at any level (models profiles included), a repeated key, a
+// value of the wrong type or a second document is a problem. Absent
+// queue_policy becomes DefaultQueuePolicy.
+func ParseYAML(data []byte) (*Config, error) {
+	if len(data) > maxYAMLBytes {
+		return nil, Problems{{Rule: RuleSyntax, Message: fmt.Sprintf("policy YAML is %d bytes, at most %d allowed", len(data), maxYAMLBytes)}}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return &Config{}, nil
+		}
+		return nil, Problems{{Rule: RuleSyntax, Message: fmt.Sprintf("policy YAML: %v", err)}}
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		line := extra.Line
+		if err != nil {
+			return nil, Problems{{Rule: RuleSyntax, Message: fmt.Sprintf("policy YAML: %v", err)}}
+		}
+		return nil, Problems{{Rule: RuleSyntax, Message: fmt.Sprintf("line %d: policy YAML has more than one document", line)}}
+	}
+	p := &parser{}
+	cfg := &Config{}
+	root := &doc
+	if root.Kind == yaml.DocumentNode {
+		if len(root.Content) == 0 {
+			return cfg, nil
+		}
+		root = root.Content[0]
+	}
+	if isNull(root) {
+		return cfg, nil
+	}
+	p.profile(root, "", &cfg.Root, &cfg.Models)
+	if len(p.problems) > 0 {
+		return nil, p.problems
+	}
+	return cfg, nil
+}
+
+// parser walks the YAML node tree against the schema, collecting every
+// problem with its line and path instead of stopping at the first.
+type parser struct {
+	problems Problems
+	// classes counts class mappings walked, across aliases, to bound work.
+	classes int
+}
+
+func (p *parser) errorf(n *yaml.Node, path, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if path != "" {
+		msg = path + ": " + msg
+	}
+	if n != nil && n.Line > 0 {
+		msg = fmt.Sprintf("line %d: %s", n.Line, msg)
+	}
+	p.problems = append(p.problems, Problem{Rule: RuleSyntax, Message: msg})
+}
+
+func resolveAlias(n *yaml.Node) *yaml.Node {
+	for i := 0; n != nil && n.Kind == yaml.AliasNode && i < 100; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+func isNull(n *yaml.Node) bool {
+	n = resolveAlias(n)
+	return n == nil || (n.Kind == yaml.ScalarNode && n.Tag == "!!null")
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("%q", n.Value)
+	}
+	return "something else"
+}
+
+// mapping calls fn for each key of the mapping n, rejecting keys not in
+// allowed and repeated keys. The keys are listed in the error so the
+// reader sees the spelling wanted.
+func (p *parser) mapping(n *yaml.Node, path string, allowed []string, fn func(key string, v *yaml.Node)) {
+	n = resolveAlias(n)
+	if n == nil || n.Kind != yaml.MappingNode {
+		if !isNull(n) {
+			p.errorf(n, path, "want a mapping, got %s", kindName(n))
+		}
+		return
+	}
+	seen := make(map[string]bool, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolveAlias(n.Content[i]), n.Content[i+1]
+		if k == nil || k.Kind != yaml.ScalarNode {
+			p.errorf(n.Content[i], path, "keys must be strings")
+			continue
+		}
+		if k.Tag == "!!merge" {
+			p.errorf(k, path, "merge keys (<<) are not supported")
+			continue
+		}
+		key := k.Value
+		if !slices.Contains(allowed, key) {
+			p.errorf(k, path, "unknown key %q (allowed: %s)", key, strings.Join(allowed, ", "))
+			continue
+		}
+		if seen[key] {
+			p.errorf(k, path, "key %q repeats", key)
+			continue
+		}
+		seen[key] = true
+		if isNull(v) {
+			continue // an explicit null is the same as an absent key
+		}
+		fn(key, v)
+	}
+}
+
+var (
+	profileKeys = []string{"default_policy_family", "uncached_isl_buckets", "default_policy_class", "policy_classes"}
+	rootKeys    = append(slices.Clone(profileKeys), "models")
+	bucketKeys  = []string{"min_tokens", "bucket"}
+	classKeys   = []string{
+		"name", "policy_family", "cache_bucket", "queue_policy", "quantum",
+		"prefill_busy_threshold", "prefill_busy_threshold_frac", "busy_worker_ratio",
+		"request_queue_limit_per_worker", "raw_isl_token_queue_limit_per_worker",
+		"cached_token_queue_limit_per_worker", "max_queue_wait",
+	}
+)
+
+// profile reads a profile mapping. models is non-nil only at the root: a
+// model profile cannot nest models.
+func (p *parser) profile(n *yaml.Node, path string, out *Profile, models *[]ModelProfile) {
+	keys := profileKeys
+	if models != nil {
+		keys = rootKeys
+	}
+	join := func(k string) string {
+		if path == "" {
+			return k
+		}
+		return path + "." + k
+	}
+	p.mapping(n, path, keys, func(key string, v *yaml.Node) {
+		switch key {
+		case "default_policy_family":
+			out.DefaultFamily = p.str(v, join(key))
+		case "default_policy_class":
+			out.DefaultClass = p.str(v, join(key))
+		case "uncached_isl_buckets":
+			p.sequence(v, join(key), func(i int, e *yaml.Node) {
+				var b Bucket
+				ep := fmt.Sprintf("%s[%d]", join(key), i)
+				p.mapping(e, ep, bucketKeys, func(k string, v *yaml.Node) {
+					switch k {
+					case "min_tokens":
+						b.MinTokens = p.int(v, ep+"."+k)
+					case "bucket":
+						b.Name = p.str(v, ep+"."+k)
+					}
+				})
+				out.Buckets = append(out.Buckets, b)
+			})
+		case "policy_classes":
+			p.sequence(v, join(key), func(i int, e *yaml.Node) {
+				p.classes++
+				if p.classes > maxClassesInFile {
+					if p.classes == maxClassesInFile+1 {
+						p.errorf(e, join(key), "too many classes in the file")
+					}
+					return
+				}
+				out.Classes = append(out.Classes, p.class(e, fmt.Sprintf("%s[%d]", join(key), i)))
+			})
+		case "models":
+			v = resolveAlias(v)
+			if v.Kind != yaml.MappingNode {
+				p.errorf(v, key, "want a mapping of model name to profile, got %s", kindName(v))
+				return
+			}
+			seen := map[string]bool{}
+			for i := 0; i+1 < len(v.Content); i += 2 {
+				k := resolveAlias(v.Content[i])
+				if k == nil || k.Kind != yaml.ScalarNode || k.Tag == "!!merge" {
+					p.errorf(v.Content[i], key, "model names must be strings")
+					continue
+				}
+				mp := fmt.Sprintf("models[%q]", k.Value)
+				if seen[k.Value] {
+					p.errorf(k, mp, "model repeats")
+					continue
+				}
+				seen[k.Value] = true
+				if len(*models) >= MaxModels {
+					p.errorf(k, mp, "more than %d model profiles", MaxModels)
+					return
+				}
+				m := ModelProfile{Model: k.Value}
+				p.profile(v.Content[i+1], mp, &m.Profile, nil)
+				*models = append(*models, m)
+			}
+		}
+	})
+}
+
+func (p *parser) class(n *yaml.Node, path string) Class {
+	c := Class{QueuePolicy: DefaultQueuePolicy}
+	p.mapping(n, path, classKeys, func(key string, v *yaml.Node) {
+		kp := path + "." + key
+		switch key {
+		case "name":
+			c.Name = p.str(v, kp)
+		case "policy_family":
+			c.Family = p.str(v, kp)
+		case "cache_bucket":
+			c.Bucket = p.str(v, kp)
+		case "queue_policy":
+			c.QueuePolicy = p.str(v, kp)
+		case "quantum":
+			c.Quantum = p.int(v, kp)
+		case "prefill_busy_threshold":
+			c.PrefillBusyThreshold = ptr(p.int(v, kp))
+		case "prefill_busy_threshold_frac":
+			c.PrefillBusyThresholdFrac = ptr(p.float(v, kp))
+		case "busy_worker_ratio":
+			c.BusyWorkerRatio = ptr(p.float(v, kp))
+		case "request_queue_limit_per_worker":
+			c.RequestQueueLimitPerWorker = ptr(p.int(v, kp))
+		case "raw_isl_token_queue_limit_per_worker":
+			c.RawISLTokenQueueLimitPerWorker = ptr(p.int(v, kp))
+		case "cached_token_queue_limit_per_worker":
+			c.CachedTokenQueueLimitPerWorker = ptr(p.int(v, kp))
+		case "max_queue_wait":
+			s := p.str(v, kp)
+			if s == "" {
+				return
+			}
+			d, err := time.ParseDuration(s)
+			if err != nil {
+				p.errorf(v, kp, "want a duration such as 30s or 1m30s, got %q", s)
+				return
+			}
+			c.MaxQueueWait = d
+		}
+	})
+	return c
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func (p *parser) sequence(n *yaml.Node, path string, fn func(i int, e *yaml.Node)) {
+	n = resolveAlias(n)
+	if n.Kind != yaml.SequenceNode {
+		p.errorf(n, path, "want a list, got %s", kindName(n))
+		return
+	}
+	for i, e := range n.Content {
+		fn(i, e)
+	}
+}
+
+func (p *parser) scalar(n *yaml.Node, path, want string) *yaml.Node {
+	n = resolveAlias(n)
+	if n == nil || n.Kind != yaml.ScalarNode {
+		p.errorf(n, path, "want %s, got %s", want, kindName(n))
+		return nil
+	}
+	return n
+}
+
+func (p *parser) str(n *yaml.Node, path string) string {
+	if n = p.scalar(n, path, "a string"); n == nil {
+		return ""
+	}
+	return n.Value
+}
+
+func (p *parser) int(n *yaml.Node, path string) int64 {
+	if n = p.scalar(n, path, "an integer"); n == nil {
+		return 0
+	}
+	var v int64
+	if n.Tag != "!!int" || n.Decode(&v) != nil {
+		p.errorf(n, path, "want an integer, got %q", n.Value)
+		return 0
+	}
+	return v
+}
+
+func (p *parser) float(n *yaml.Node, path string) float64 {
+	if n = p.scalar(n, path, "a number"); n == nil {
+		return 0
+	}
+	var v float64
+	if (n.Tag != "!!int" && n.Tag != "!!float") || n.Decode(&v) != nil {
+		p.errorf(n, path, "want a number, got %q", n.Value)
+		return 0
+	}
+	return v
+}
