@@ -1,0 +1,376 @@
+package tokenize
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// refExtract is a slow, obviously-correct ExtractPrompt built on
+// encoding/json: the oracle for the table tests and the fuzz target.
+func refExtract(body []byte) ([]uint32, error) {
+	if !json.Valid(body) {
+		return nil, ErrSyntax
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var top map[string]any
+	if err := dec.Decode(&top); err != nil || top == nil {
+		return nil, ErrSyntax
+	}
+	prompt, msgs := top["prompt"], top["messages"]
+	switch {
+	case prompt != nil && msgs != nil, prompt == nil && msgs == nil:
+		return nil, ErrNoPrompt
+	case prompt != nil:
+		return refPrompt(prompt)
+	}
+	return refMessages(msgs)
+}
+
+func refTokenID(v any) (uint32, error) {
+	n, ok := v.(json.Number)
+	if !ok {
+		return 0, ErrPromptShape
+	}
+	id, err := strconv.ParseUint(string(n), 10, 32)
+	if err != nil {
+		return 0, ErrPromptShape
+	}
+	return uint32(id), nil
+}
+
+func refPrompt(p any) ([]uint32, error) {
+	switch p := p.(type) {
+	case string:
+		return Tokenize(nil, p), nil
+	case []any:
+		var out []uint32
+		for _, el := range p {
+			// Every element must have the kind of the first.
+			if _, isStr := el.(string); isStr != isString(p[0]) {
+				return nil, ErrPromptShape
+			}
+			if _, isArr := el.([]any); isArr != isArray(p[0]) {
+				return nil, ErrPromptShape
+			}
+			switch el := el.(type) {
+			case string:
+				out = Tokenize(out, el)
+			case []any:
+				for _, x := range el {
+					id, err := refTokenID(x)
+					if err != nil {
+						return nil, err
+					}
+					out = append(out, id)
+				}
+			default:
+				id, err := refTokenID(el)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, id)
+			}
+		}
+		return out, nil
+	}
+	return nil, ErrPromptShape
+}
+
+func isString(v any) bool { _, ok := v.(string); return ok }
+func isArray(v any) bool  { _, ok := v.([]any); return ok }
+
+func refMessages(m any) ([]uint32, error) {
+	list, ok := m.([]any)
+	if !ok {
+		return nil, ErrPromptShape
+	}
+	var out []uint32
+	for _, el := range list {
+		msg, ok := el.(map[string]any)
+		if !ok {
+			return nil, ErrPromptShape
+		}
+		out = append(out, msgStart)
+		switch c := msg["content"].(type) {
+		case nil:
+		case string:
+			out = Tokenize(out, c)
+		case []any:
+			for _, part := range c {
+				pm, ok := part.(map[string]any)
+				if !ok {
+					return nil, ErrPromptShape
+				}
+				switch tx := pm["text"].(type) {
+				case nil:
+				case string:
+					out = Tokenize(out, tx)
+				default:
+					return nil, ErrPromptShape
+				}
+			}
+		default:
+			return nil, ErrPromptShape
+		}
+		out = append(out, msgRole)
+		switch r := msg["role"].(type) {
+		case nil:
+		case string:
+			out = Tokenize(out, r)
+		default:
+			return nil, ErrPromptShape
+		}
+		out = append(out, msgEnd)
+	}
+	return append(out, genPrompt), nil
+}
+
+func TestExtractPrompt(t *testing.T) {
+	tests := []struct {
+		name    string
+		body    string
+		want    []uint32 // nil: compare with refExtract only
+		wantErr error
+	}{
+		{name: "completion string", body: `{"model":"m","prompt":"Hello world","max_tokens":1}`,
+			want: Tokenize(nil, "Hello world")},
+		{name: "token ids exact", body: `{"prompt":[1000, 1001,0 ,4294967295]}`,
+			want: []uint32{1000, 1001, 0, 4294967295}},
+		{name: "array of token-id arrays", body: `{"prompt":[[1,2],[],[3]]}`, want: []uint32{1, 2, 3}},
+		{name: "array of strings", body: `{"prompt":["ab","cd"]}`,
+			want: append(Tokenize(nil, "ab"), Tokenize(nil, "cd")...)},
+		{name: "empty array", body: `{"prompt":[]}`, want: []uint32{}},
+		{name: "empty string", body: `{"prompt":""}`, want: []uint32{}},
+		{name: "escapes decode", body: `{"prompt":"a\nb \u00e9\ud83d\ude00 \"q\""}`,
+			want: Tokenize(nil, "a\nb é😀 \"q\"")},
+		{name: "lone surrogate is U+FFFD", body: `{"prompt":"x\ud800y"}`, want: Tokenize(nil, "x\uFFFDy")},
+		{name: "escaped key", body: `{"pr\u006fmpt":"hi"}`, want: Tokenize(nil, "hi")},
+		{name: "last duplicate wins", body: `{"prompt":"first words here","prompt":"second"}`,
+			want: Tokenize(nil, "second")},
+		{name: "null then value", body: `{"prompt":null,"prompt":[5]}`, want: []uint32{5}},
+		{name: "value then null", body: `{"prompt":[5],"prompt":null}`, wantErr: ErrNoPrompt},
+		{name: "other fields validated and skipped", body: `{"a":{"b":[1,-2.5e3,true,false,null,"s"]},"prompt":[9],"z":{}}`,
+			want: []uint32{9}},
+		{name: "chat string content", body: `{"messages":[{"role":"user","content":"Hi there"}]}`,
+			want: slices.Concat([]uint32{msgStart}, Tokenize(nil, "Hi there"), []uint32{msgRole}, Tokenize(nil, "user"), []uint32{msgEnd, genPrompt})},
+		{name: "chat key order does not matter", body: `{"messages":[{"content":"Hi there","role":"user"}]}`,
+			want: slices.Concat([]uint32{msgStart}, Tokenize(nil, "Hi there"), []uint32{msgRole}, Tokenize(nil, "user"), []uint32{msgEnd, genPrompt})},
+		{name: "chat parts", body: `{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}},{"text":"b","type":"text"}]}]}`},
+		{name: "chat null content", body: `{"messages":[{"role":"assistant","content":null,"tool_calls":[]}]}`},
+		{name: "chat duplicate content", body: `{"messages":[{"content":"one two three","role":"user","content":"four"}]}`},
+		{name: "chat duplicate part text", body: `{"messages":[{"content":[{"text":"one two","text":"x"}]}]}`},
+		{name: "chat empty", body: `{"messages":[]}`, want: []uint32{genPrompt}},
+		{name: "chat escaped role", body: `{"messages":[{"role":"us\u0065r","content":"x"}]}`},
+		{name: "no prompt", body: `{"model":"m"}`, wantErr: ErrNoPrompt},
+		{name: "null prompt", body: `{"prompt":null}`, wantErr: ErrNoPrompt},
+		{name: "both prompt and messages", body: `{"prompt":"a","messages":[]}`, wantErr: ErrNoPrompt},
+		{name: "number prompt", body: `{"prompt":5}`, wantErr: ErrPromptShape},
+		{name: "object prompt", body: `{"prompt":{"a":1}}`, wantErr: ErrPromptShape},
+		{name: "mixed array", body: `{"prompt":["a",1]}`, wantErr: ErrPromptShape},
+		{name: "mixed array 2", body: `{"prompt":[1,[2]]}`, wantErr: ErrPromptShape},
+		{name: "negative id", body: `{"prompt":[-1]}`, wantErr: ErrPromptShape},
+		{name: "fractional id", body: `{"prompt":[1.0]}`, wantErr: ErrPromptShape},
+		{name: "exponent id", body: `{"prompt":[1e3]}`, wantErr: ErrPromptShape},
+		{name: "id above uint32", body: `{"prompt":[4294967296]}`, wantErr: ErrPromptShape},
+		{name: "messages not array", body: `{"messages":"hi"}`, wantErr: ErrPromptShape},
+		{name: "message not object", body: `{"messages":["hi"]}`, wantErr: ErrPromptShape},
+		{name: "role not string", body: `{"messages":[{"role":1}]}`, wantErr: ErrPromptShape},
+		{name: "content number", body: `{"messages":[{"content":1}]}`, wantErr: ErrPromptShape},
+		{name: "part text number", body: `{"messages":[{"content":[{"text":1}]}]}`, wantErr: ErrPromptShape},
+		{name: "empty body", body: ``, wantErr: ErrSyntax},
+		{name: "not an object", body: `["prompt"]`, wantErr: ErrSyntax},
+		{name: "trailing data", body: `{"prompt":"a"} x`, wantErr: ErrSyntax},
+		{name: "truncated", body: `{"prompt":"abc`, wantErr: ErrSyntax},
+		{name: "truncated ids", body: `{"prompt":[1,2`, wantErr: ErrSyntax},
+		{name: "leading zero", body: `{"prompt":[01]}`, wantErr: ErrSyntax},
+		{name: "control char", body: "{\"prompt\":\"a\x01\"}", wantErr: ErrSyntax},
+		{name: "bad escape", body: `{"prompt":"\x"}`, wantErr: ErrSyntax},
+		{name: "single-quote escape", body: `{"prompt":"\'"}`, wantErr: ErrSyntax},
+		{name: "bad literal", body: `{"a":nul,"prompt":"x"}`, wantErr: ErrSyntax},
+		{name: "trailing comma", body: `{"prompt":"x",}`, wantErr: ErrSyntax},
+		{name: "missing colon", body: `{"prompt" "x"}`, wantErr: ErrSyntax},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			prefix := []uint32{42}
+			got, err := ExtractPrompt(slices.Clone(prefix), []byte(tt.body))
+			ref, refErr := refExtract([]byte(tt.body))
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tt.wantErr)
+				}
+				if refErr == nil {
+					t.Fatalf("reference accepted a body the test expects to fail")
+				}
+				if !slices.Equal(got, prefix) {
+					t.Fatalf("dst not restored on error: %v", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error %v", err)
+			}
+			if refErr != nil {
+				t.Fatalf("reference failed: %v", refErr)
+			}
+			if got[0] != 42 {
+				t.Fatalf("dst prefix overwritten")
+			}
+			got = got[1:]
+			if !slices.Equal(got, ref) {
+				t.Fatalf("tokens = %v, reference %v", got, ref)
+			}
+			if tt.want != nil && !slices.Equal(got, tt.want) {
+				t.Fatalf("tokens = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestExtractPromptErrorHidesBody(t *testing.T) {
+	_, err := ExtractPrompt(nil, []byte(`{"prompt":"secret words","prompt":5}`))
+	if err == nil || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("error %v should exist and not quote the body", err)
+	}
+}
+
+func TestExtractPromptDepthLimit(t *testing.T) {
+	deep := `{"a":` + strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth) + `,"prompt":"x"}`
+	if _, err := ExtractPrompt(nil, []byte(deep)); !errors.Is(err, ErrSyntax) {
+		t.Fatalf("depth %d: err = %v, want ErrSyntax", maxDepth+1, err)
+	}
+	ok := `{"a":` + strings.Repeat("[", maxDepth-1) + strings.Repeat("]", maxDepth-1) + `,"prompt":"x"}`
+	if _, err := ExtractPrompt(nil, []byte(ok)); err != nil {
+		t.Fatalf("depth %d: err = %v, want nil", maxDepth, err)
+	}
+}
+
+func FuzzExtractPrompt(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt":"Hello, world!"}`,
+		`{"prompt":[1000,1001,1002]}`,
+		`{"prompt":[[1,2],[3]]}`,
+		`{"prompt":["a","b c"]}`,
+		`{"messages":[{"role":"user","content":"hi"}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"x\u00e9"}]}],"stream":true}`,
+		`{"prompt":"\ud83d\ude00\ud800","prompt":null,"messages":[]}`,
+		`{"a":[1,{"b":null}],"prompt":[4294967295]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, err := ExtractPrompt(nil, body)
+		if !utf8.Valid(body) {
+			// encoding/json rewrites invalid UTF-8; only check for panics.
+			return
+		}
+		ref, refErr := refExtract(body)
+		if (err == nil) != (refErr == nil) {
+			t.Fatalf("ExtractPrompt err = %v, reference err = %v", err, refErr)
+		}
+		if err == nil && !slices.Equal(got, ref) {
+			t.Fatalf("tokens differ from reference: got %d, want %d", len(got), len(ref))
+		}
+	})
+}
+
+// FuzzTokenIDPrompt checks that token-id prompts count exactly.
+func FuzzTokenIDPrompt(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8}, true)
+	f.Fuzz(func(t *testing.T, raw []byte, nested bool) {
+		var ids []uint32
+		for len(raw) >= 4 {
+			ids = append(ids, uint32(raw[0])|uint32(raw[1])<<8|uint32(raw[2])<<16|uint32(raw[3])<<24)
+			raw = raw[4:]
+		}
+		var sb strings.Builder
+		sb.WriteString(`{"prompt":[`)
+		if nested {
+			sb.WriteString("[")
+		}
+		for i, id := range ids {
+			if i > 0 {
+				sb.WriteString(", ")
+			}
+			fmt.Fprint(&sb, id)
+		}
+		if nested {
+			sb.WriteString("]")
+		}
+		sb.WriteString("]}")
+		got, err := ExtractPrompt(nil, []byte(sb.String()))
+		if err != nil {
+			t.Fatalf("ExtractPrompt: %v", err)
+		}
+		if !slices.Equal(got, ids) && !(len(got) == 0 && len(ids) == 0) {
+			t.Fatalf("got %d ids, want %d exactly", len(got), len(ids))
+		}
+	})
+}
+
+// bigPrompt returns a completions body whose prompt is about n estimated
+// tokens of English text.
+func bigPrompt(n int) []byte {
+	perCopy := CountTokens(englishSample + " ")
+	text := strings.Repeat(englishSample+" ", n/perCopy+1)
+	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": text, "max_tokens": 1, "stream": true})
+	return body
+}
+
+func BenchmarkExtractPrompt32kText(b *testing.B) {
+	body := bigPrompt(32768)
+	dst, err := ExtractPrompt(nil, body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(len(dst)), "tokens")
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		dst, _ = ExtractPrompt(dst[:0], body)
+	}
+}
+
+func BenchmarkExtractPrompt32kTextFreshDst(b *testing.B) {
+	body := bigPrompt(32768)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ExtractPrompt(nil, body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkExtractPrompt32kTokenIDs(b *testing.B) {
+	ids := make([]uint32, 32768)
+	for i := range ids {
+		ids[i] = uint32(i*7919) % 152000
+	}
+	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": ids})
+	dst := make([]uint32, 0, len(ids))
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		dst, _ = ExtractPrompt(dst[:0], body)
+	}
+}
+
+func BenchmarkBlockHashes32k(b *testing.B) {
+	tokens, _ := ExtractPrompt(nil, bigPrompt(32768))
+	tokens = tokens[:32768]
+	dst := make([]uint64, 0, len(tokens)/16)
+	b.SetBytes(int64(4 * len(tokens)))
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = AppendBlockHashes(dst[:0], tokens, 16)
+	}
+}
