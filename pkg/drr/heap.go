@@ -31,8 +31,6 @@ type epState struct {
 	parked []*lane
 }
 
-func (l *lane) head() *Item { return l.items[0] }
-
 // verdictCached reports whether the lane holds a Ready verdict taken since
 // the last EndpointChanged of its endpoint.
 func (l *lane) verdictCached() bool { return l.ready && l.readyGen == l.ep.gen }

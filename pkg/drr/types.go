@@ -222,3 +222,31 @@ func SaturatingAdd(a, b uint64) uint64 {
 	}
 	return math.MaxUint64
 }
+
+// String names the verdict.
+func (v Verdict) String() string {
+	switch v {
+	case Ready:
+		return "Ready"
+	case Blocked:
+		return "Blocked"
+	case Unroutable:
+		return "Unroutable"
+	}
+	return fmt.Sprintf("Verdict(%d)", uint8(v))
+}
+
+// String names the outcome.
+func (o Outcome) String() string {
+	switch o {
+	case None:
+		return "None"
+	case Dispatch:
+		return "Dispatch"
+	case Expired:
+		return "Expired"
+	case NoRoute:
+		return "NoRoute"
+	}
+	return fmt.Sprintf("Outcome(%d)", uint8(o))
+}
