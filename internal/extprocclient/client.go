@@ -99,6 +99,9 @@ type SubsetHint struct {
 // Header is one header as set by a mutation.
 type Header struct {
 	Key, Value string
+	// Action is how the value combines with an existing one; Envoy's default
+	// (the zero value) appends.
+	Action corev3.HeaderValueOption_HeaderAppendAction
 }
 
 // HeaderMutation is a set of header changes the picker asked for.
@@ -119,9 +122,9 @@ func (m *HeaderMutation) Get(name string) (string, bool) {
 	return "", false
 }
 
-// Apply applies the mutation to h: removals first, then sets overwriting
-// earlier values, which is what Envoy does with OVERWRITE_IF_EXISTS_OR_ADD.
-// Pseudo headers are skipped since net/http has no place for them.
+// Apply applies the mutation to h the way Envoy does: removals first, then
+// each set with its append action. Pseudo headers are skipped since
+// net/http has no place for them.
 func (m *HeaderMutation) Apply(h http.Header) {
 	for _, k := range m.Remove {
 		h.Del(k)
@@ -130,7 +133,21 @@ func (m *HeaderMutation) Apply(h http.Header) {
 		if strings.HasPrefix(s.Key, ":") {
 			continue
 		}
-		h.Set(s.Key, s.Value)
+		_, exists := h[http.CanonicalHeaderKey(s.Key)]
+		switch s.Action {
+		case corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD:
+			h.Add(s.Key, s.Value)
+		case corev3.HeaderValueOption_ADD_IF_ABSENT:
+			if !exists {
+				h.Set(s.Key, s.Value)
+			}
+		case corev3.HeaderValueOption_OVERWRITE_IF_EXISTS:
+			if exists {
+				h.Set(s.Key, s.Value)
+			}
+		default: // OVERWRITE_IF_EXISTS_OR_ADD
+			h.Set(s.Key, s.Value)
+		}
 	}
 }
 
@@ -140,7 +157,14 @@ func (m *HeaderMutation) add(hm *extprocv3.HeaderMutation) {
 		if v == "" {
 			v = o.GetHeader().GetValue()
 		}
-		m.Set = append(m.Set, Header{Key: strings.ToLower(o.GetHeader().GetKey()), Value: v})
+		action := o.GetAppendAction()
+		if a := o.GetAppend(); a != nil { // the deprecated bool wins when set
+			action = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+			if a.GetValue() {
+				action = corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD
+			}
+		}
+		m.Set = append(m.Set, Header{Key: strings.ToLower(o.GetHeader().GetKey()), Value: v, Action: action})
 	}
 	m.Remove = append(m.Remove, hm.GetRemoveHeaders()...)
 }
