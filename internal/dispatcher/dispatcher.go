@@ -412,7 +412,7 @@ func (d *Dispatcher) eligible(e *endpoint, w *waiter) bool {
 }
 
 func (d *Dispatcher) busy(e *endpoint, class int) bool {
-	return d.pol.Busy[class].Busy(e.activePrefill, e.maxBatched)
+	return d.pol.Busy[class].EndpointBusy(e.activePrefill, e.maxBatched)
 }
 
 // judge is the busy test of SPEC §5 over a request's eligible endpoints.
@@ -431,14 +431,7 @@ func (d *Dispatcher) judge(class int, w *waiter) drr.Verdict {
 	if eligible == 0 {
 		return drr.Unroutable
 	}
-	if busy == 0 {
-		return drr.Ready
-	}
-	ratio := d.pol.Busy[class].Ratio
-	if ratio <= 0 || ratio > 1 {
-		ratio = 1
-	}
-	if float64(busy) >= ratio*float64(eligible) {
+	if d.pol.Busy[class].SharedBlocked(busy, eligible) {
 		return drr.Blocked
 	}
 	return drr.Ready

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/laneway-dev/laneway/pkg/drr"
+	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
 // twoClassPolicy is the premium/regular policy of SPEC §11 with the given
@@ -18,10 +19,10 @@ func twoClassPolicy(premiumQ, regularQ uint64, limit uint64) *Policy {
 		{Name: "regular", Quantum: regularQ, Policy: drr.FCFS, Queueing: true,
 			RequestLimitPerWorker: limit, RawISLLimitPerWorker: drr.NoLimit, CachedLimitPerWorker: drr.NoLimit},
 	}
-	rule := BusyRule{Threshold: 1536, HasThreshold: true}
+	rule := policy.BusyTest{Threshold: 1536, HasThreshold: true}
 	return &Policy{
 		Classes: cls,
-		Busy:    []BusyRule{rule, rule},
+		Busy:    []policy.BusyTest{rule, rule},
 		Resolve: func(t *Ticket) int {
 			if t.ClassHeader == "premium" {
 				return 0
@@ -258,7 +259,7 @@ func TestPolicySwapKeepsQueuedRequests(t *testing.T) {
 	one := &Policy{
 		Classes: []drr.ClassConfig{{Name: "only", Quantum: 1, Policy: drr.FCFS, Queueing: true,
 			RequestLimitPerWorker: drr.NoLimit, RawISLLimitPerWorker: drr.NoLimit, CachedLimitPerWorker: drr.NoLimit}},
-		Busy:    []BusyRule{{Threshold: 1536, HasThreshold: true}},
+		Busy:    []policy.BusyTest{{Threshold: 1536, HasThreshold: true}},
 		Resolve: func(*Ticket) int { return 0 },
 	}
 	if err := d.SetPolicy(one); err != nil {

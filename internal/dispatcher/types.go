@@ -6,54 +6,29 @@ import (
 	"time"
 
 	"github.com/laneway-dev/laneway/pkg/drr"
+	"github.com/laneway-dev/laneway/pkg/policy"
 )
-
-// UnknownMaxBatchedTokens stands in for an endpoint's max_num_batched_tokens
-// when nobody told us (SPEC §5).
-const UnknownMaxBatchedTokens = 10_000_000
-
-// BusyRule is one class's busy test (SPEC §5): an endpoint is busy for the
-// class when its active prefill tokens exceed Threshold, or exceed Frac ×
-// its max_num_batched_tokens (strict >).
-type BusyRule struct {
-	Threshold    uint64
-	HasThreshold bool
-	Frac         float64
-	HasFrac      bool
-	// Ratio is busy_worker_ratio: a shared head waits once at least Ratio ×
-	// eligible endpoints are busy. 0 means 1 (all of them).
-	Ratio float64
-}
-
-// Any reports whether the rule can ever call an endpoint busy.
-func (r BusyRule) Any() bool { return r.HasThreshold || r.HasFrac }
-
-// Busy applies the rule to an endpoint's numbers.
-func (r BusyRule) Busy(activePrefill, maxBatched uint64) bool {
-	if r.HasThreshold && activePrefill > r.Threshold {
-		return true
-	}
-	if r.HasFrac {
-		if maxBatched == 0 {
-			maxBatched = UnknownMaxBatchedTokens
-		}
-		if float64(activePrefill) > r.Frac*float64(maxBatched) {
-			return true
-		}
-	}
-	return false
-}
 
 // Policy is a compiled class table: the DRR classes, their busy rules (same
 // index) and the function that resolves a ticket to a class index. It is a
 // snapshot: the dispatcher never modifies it.
 type Policy struct {
 	Classes []drr.ClassConfig
-	Busy    []BusyRule
+	Busy    []policy.BusyTest
 	// Resolve maps a ticket to an index of Classes. It runs on the loop
 	// goroutine, also for queued tickets when the policy changes, so it must
 	// be fast and must not block.
 	Resolve func(t *Ticket) int
+}
+
+// FromCompiled adapts a compiled policy: classes resolve by the ticket's
+// model, class header and uncached tokens (SPEC §2).
+func FromCompiled(c *policy.Compiled) *Policy {
+	return &Policy{
+		Classes: c.Classes,
+		Busy:    c.Busy,
+		Resolve: func(t *Ticket) int { return c.Resolve(t.Model, t.ClassHeader, t.Uncached()) },
+	}
 }
 
 func (p *Policy) validate() error {

@@ -1,0 +1,40 @@
+// Command epp is Laneway's endpoint picker: an Envoy ext_proc server that
+// holds inference requests in DRR policy-class lanes and tells the gateway
+// which model-server endpoint serves each one.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+	"go.uber.org/zap/zapcore"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/laneway-dev/laneway/internal/epp"
+)
+
+func main() {
+	opts := epp.NewOptions()
+	fs := pflag.NewFlagSet("epp", pflag.ExitOnError)
+	opts.AddFlags(fs)
+	_ = fs.Parse(os.Args[1:])
+	if err := opts.Complete(); err != nil {
+		fmt.Fprintln(os.Stderr, "epp:", err)
+		os.Exit(2)
+	}
+	if err := opts.Validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "epp:", err)
+		os.Exit(2)
+	}
+	log := zap.New(zap.Level(zapcore.Level(-opts.Verbosity)))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := epp.Run(ctx, opts, log); err != nil {
+		log.Error(err, "endpoint picker failed")
+		os.Exit(1)
+	}
+}

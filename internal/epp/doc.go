@@ -1,0 +1,5 @@
+// Package epp wires the endpoint picker together: options and flags, the
+// ext_proc Decider that turns a gateway request into a dispatcher ticket,
+// the gRPC, health and metrics servers, policy-file reloads and the
+// SIGTERM drain. cmd/epp is a thin main around Run.
+package epp

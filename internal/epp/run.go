@@ -1,0 +1,100 @@
+package epp
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/laneway-dev/laneway/internal/dispatcher"
+	"github.com/laneway-dev/laneway/pkg/policy"
+)
+
+// LoadPolicy reads and compiles the policy file; an empty path is the
+// synthetic default class (SPEC §2).
+func LoadPolicy(path string) (*policy.Compiled, error) {
+	cfg := &policy.Config{}
+	if path != "" {
+		var err error
+		if cfg, err = policy.LoadFile(path); err != nil {
+			return nil, err
+		}
+	}
+	return cfg.Compile()
+}
+
+// Run is the standalone endpoint picker: endpoints from --endpoints, policy
+// from --policy-config (reloaded when the file changes). It returns when
+// ctx ends and the drain is over.
+func Run(ctx context.Context, opts *Options, log logr.Logger) error {
+	compiled, err := LoadPolicy(opts.PolicyConfig)
+	if err != nil {
+		return err
+	}
+	srv, err := NewServer(opts, dispatcher.FromCompiled(compiled), BodyParser{}, log)
+	if err != nil {
+		return err
+	}
+	eps := make([]dispatcher.Endpoint, 0, len(opts.Endpoints))
+	for _, a := range opts.Endpoints {
+		eps = append(eps, dispatcher.Endpoint{Addr: a, MaxBatchedTokens: opts.MaxNumBatchedTokens})
+	}
+	srv.Dispatcher().SetEndpoints(eps)
+	grpcAddr, healthAddr, metricsAddr := srv.Addrs()
+	log.Info("endpoint picker serving", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr,
+		"tls", opts.SecureServing, "endpoints", len(eps), "classes", len(compiled.Classes))
+	logClasses(log, compiled)
+	srv.SetReady(true)
+	if opts.PolicyConfig != "" {
+		go watchPolicy(ctx, opts.PolicyConfig, opts.PolicyPollInterval, srv.Dispatcher(), log)
+	}
+	return srv.Run(ctx)
+}
+
+func logClasses(log logr.Logger, c *policy.Compiled) {
+	for i, cl := range c.Classes {
+		log.V(2).Info("policy class", "class", cl.Name, "quantum", cl.Quantum, "policy", cl.Policy.String(),
+			"busy", c.Busy[i].String(), "queueing", cl.Queueing)
+	}
+}
+
+// watchPolicy polls the policy file and swaps in each valid new version. A
+// file that fails to load is logged once per content and ignored: the last
+// good policy stays in force. Polling (not inotify) also sees the symlink
+// swap a Kubernetes ConfigMap volume does.
+func watchPolicy(ctx context.Context, path string, every time.Duration, d *dispatcher.Dispatcher, log logr.Logger) {
+	last, _ := os.ReadFile(path)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		data, err := os.ReadFile(path)
+		if err != nil || bytes.Equal(data, last) {
+			continue
+		}
+		last = data
+		if err := reloadPolicy(path, d); err != nil {
+			log.Error(err, "policy file rejected; the previous policy stays in force", "path", path)
+			continue
+		}
+		log.Info("policy reloaded", "path", path)
+	}
+}
+
+func reloadPolicy(path string, d *dispatcher.Dispatcher) error {
+	c, err := LoadPolicy(path)
+	if err != nil {
+		return err
+	}
+	if err := d.SetPolicy(dispatcher.FromCompiled(c)); err != nil {
+		return fmt.Errorf("apply policy: %w", err)
+	}
+	return nil
+}

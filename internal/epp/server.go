@@ -1,0 +1,227 @@
+package epp
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/laneway-dev/laneway/internal/dispatcher"
+	"github.com/laneway-dev/laneway/internal/metrics"
+	"github.com/laneway-dev/laneway/pkg/extproc"
+)
+
+// Health service names (SPEC §7). The ext_proc service name is what Envoy's
+// gRPC health check asks for; inference-extension is what the upstream
+// conformance manifests probe.
+const (
+	HealthLiveness  = "liveness"
+	HealthReadiness = "readiness"
+	HealthInference = "inference-extension"
+)
+
+// Server is a running endpoint picker: the ext_proc gRPC server, the health
+// server, the metrics server and the dispatcher loop.
+type Server struct {
+	opts    *Options
+	log     logr.Logger
+	disp    *dispatcher.Dispatcher
+	health  *health.Server
+	metrics *metrics.Metrics
+	reg     *prometheus.Registry
+
+	grpcLn, healthLn, metricsLn net.Listener
+	grpcSrv, healthSrv          *grpc.Server
+	metricsSrv                  *http.Server
+
+	// ready is what readiness reports before shutdown flips it.
+	mu    sync.Mutex
+	ready bool
+}
+
+// NewServer builds the picker from options and a compiled policy, and
+// binds its listeners (so the ports are known before Run).
+func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log logr.Logger) (*Server, error) {
+	s := &Server{opts: opts, log: log, reg: prometheus.NewRegistry()}
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.metrics = metrics.New(s.reg, "")
+	d, err := dispatcher.New(pol, dispatcher.Options{
+		MaxFallbacks: opts.MaxFallbacks,
+		Observer:     s.metrics,
+		Log:          log.WithName("dispatcher"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.disp = d
+	s.metrics.SetSource(d)
+
+	var creds []grpc.ServerOption
+	if opts.SecureServing {
+		cfg, err := serverTLS(opts.CertPath)
+		if err != nil {
+			return nil, err
+		}
+		creds = append(creds, grpc.Creds(credentials.NewTLS(cfg)))
+	}
+	creds = append(creds,
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxRecvMsgSize(opts.MaxBodyBytes+(1<<20)),
+	)
+	s.grpcSrv = grpc.NewServer(creds...)
+	extproc.NewServer(&Handler{Parser: parser, Dispatcher: d}, extproc.Options{
+		MaxBodyBytes: opts.MaxBodyBytes,
+		Logger:       log.WithName("extproc"),
+		Observer:     s.metrics,
+	}).Register(s.grpcSrv)
+
+	s.health = health.NewServer()
+	s.healthSrv = grpc.NewServer()
+	healthpb.RegisterHealthServer(s.healthSrv, s.health)
+	// The ext_proc port answers health checks too: Envoy's gRPC health
+	// check of the ext_proc cluster goes to the port it sends streams to.
+	healthpb.RegisterHealthServer(s.grpcSrv, s.health)
+	s.setServing(false)
+	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
+
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	s.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+
+	for _, l := range []struct {
+		port int
+		ln   *net.Listener
+	}{{opts.GRPCPort, &s.grpcLn}, {opts.GRPCHealthPort, &s.healthLn}, {opts.MetricsPort, &s.metricsLn}} {
+		ln, err := net.Listen("tcp", net.JoinHostPort(opts.BindAddress, strconv.Itoa(l.port)))
+		if err != nil {
+			s.closeListeners()
+			return nil, fmt.Errorf("listen on port %d: %w", l.port, err)
+		}
+		*l.ln = ln
+	}
+	return s, nil
+}
+
+func (s *Server) closeListeners() {
+	for _, ln := range []net.Listener{s.grpcLn, s.healthLn, s.metricsLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
+
+// Dispatcher returns the picker's dispatcher (for endpoint and policy
+// updates).
+func (s *Server) Dispatcher() *dispatcher.Dispatcher { return s.disp }
+
+// Addrs returns the bound ext_proc, health and metrics addresses.
+func (s *Server) Addrs() (grpcAddr, healthAddr, metricsAddr string) {
+	return s.grpcLn.Addr().String(), s.healthLn.Addr().String(), s.metricsLn.Addr().String()
+}
+
+// SetReady sets readiness (for example from leader election). A server
+// that is not ready still answers streams, with 503, so a gateway that
+// reaches it anyway retries elsewhere.
+func (s *Server) SetReady(ready bool) {
+	s.mu.Lock()
+	s.ready = ready
+	s.mu.Unlock()
+	s.setServing(ready)
+}
+
+func (s *Server) setServing(ok bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	for _, name := range []string{HealthReadiness, HealthInference, extproc.ServiceName, ""} {
+		s.health.SetServingStatus(name, st)
+	}
+}
+
+// Run serves until ctx ends, then drains: readiness goes NOT_SERVING, queued
+// requests are answered 503, dispatched streams get DrainTimeout to finish.
+func (s *Server) Run(ctx context.Context) error {
+	loopCtx, stopLoop := context.WithCancel(context.Background())
+	loopDone := make(chan struct{})
+	go func() { s.disp.Run(loopCtx); close(loopDone) }()
+
+	errc := make(chan error, 3)
+	go func() { errc <- s.grpcSrv.Serve(s.grpcLn) }()
+	go func() { errc <- s.healthSrv.Serve(s.healthLn) }()
+	go func() {
+		if err := s.metricsSrv.Serve(s.metricsLn); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+			return
+		}
+		errc <- nil
+	}()
+	s.mu.Lock()
+	ready := s.ready
+	s.mu.Unlock()
+	s.setServing(ready)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+		s.log.Error(runErr, "server stopped")
+	}
+
+	s.log.Info("draining", "timeout", s.opts.DrainTimeout)
+	s.setServing(false)
+	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_NOT_SERVING)
+	s.disp.Shutdown()
+	stopped := make(chan struct{})
+	go func() { s.grpcSrv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(s.opts.DrainTimeout):
+		s.log.Info("drain timeout reached; closing remaining streams")
+		s.grpcSrv.Stop()
+		<-stopped
+	}
+	s.healthSrv.Stop()
+	shutCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = s.metricsSrv.Shutdown(shutCtx)
+	stopLoop()
+	<-loopDone
+	return runErr
+}
+
+// serverTLS returns the ext_proc server's TLS config: the certificate in
+// certPath (tls.crt, tls.key), reread when it changes, or a self-signed one
+// made at start. ALPN offers h2 only: ext_proc is gRPC.
+func serverTLS(certPath string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
+	if certPath == "" {
+		cert, err := SelfSignedCert()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+		return cfg, nil
+	}
+	kp, err := newKeypairReloader(certPath)
+	if err != nil {
+		return nil, err
+	}
+	cfg.GetCertificate = kp.get
+	return cfg, nil
+}
