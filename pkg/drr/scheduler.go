@@ -388,6 +388,13 @@ func (s *Scheduler) Pop(now int64, p Probe) (*Item, Outcome) {
 	// Bulk virtual rounds: the fewest whole rounds after which some
 	// candidate is affordable, granted to every candidate class alike so
 	// the weighting holds and the call costs O(C) whatever the cost.
+	//
+	// The last of those rounds is replayed in ring order and stops at the
+	// first class that can pay, as round-by-round DRR would: the classes
+	// after it in this pass have not been visited in that round yet, so
+	// they earn it at their next visit. Granting it to them now as well
+	// would give them a second quantum in a row when the cursor reaches
+	// them next, a bias that accumulates without bound.
 	rounds := uint64(math.MaxUint64)
 	for i, it := range cands {
 		if it == nil {
@@ -401,16 +408,22 @@ func (s *Scheduler) Pop(now int64, p Probe) (*Item, Outcome) {
 		}
 		rounds = min(rounds, r)
 	}
-	for i, it := range cands {
-		if it != nil {
-			c := s.classes[i]
-			c.deficit = SaturatingAdd(c.deficit, SaturatingMul(c.cfg.Quantum, rounds))
+	if rounds > 1 {
+		for i, it := range cands {
+			if it != nil {
+				c := s.classes[i]
+				c.deficit = SaturatingAdd(c.deficit, SaturatingMul(c.cfg.Quantum, rounds-1))
+			}
 		}
 	}
 	ci = s.cursor
 	for k := 0; k < nc; k++ {
-		if it := cands[ci]; it != nil && s.classes[ci].deficit >= it.cost {
-			return s.dispatch(s.classes[ci], it), Dispatch
+		if it := cands[ci]; it != nil {
+			c := s.classes[ci]
+			c.deficit = SaturatingAdd(c.deficit, c.cfg.Quantum)
+			if c.deficit >= it.cost {
+				return s.dispatch(c, it), Dispatch
+			}
 		}
 		if ci++; ci == nc {
 			ci = 0

@@ -269,23 +269,52 @@ func TestWorkedExampleBurst(t *testing.T) {
 
 // TestWorkedExampleBulk: standard q=1000 head 7000, latency q=2000 head
 // 9000 fast-forward 4 rounds; latency dispatches keeping 1000 (SPEC §4).
+// With latency first in the ring, standard comes after the dispatcher in
+// the last round and earns that round at its next visit instead, exactly
+// as round-by-round DRR would.
 func TestWorkedExampleBulk(t *testing.T) {
-	s := mustNew(t, qclass("standard", 1000, FCFS), qclass("latency", 2000, FCFS))
-	enqueue(t, s, costReq(0, 7000, "s0"))
-	enqueue(t, s, costReq(1, 9000, "l0"))
-	enqueue(t, s, costReq(1, 9000, "l1"))
-	p := newProbe()
-	if l := popLabel(t, s, 0, p); l != "l0" {
-		t.Fatalf("pop = %q; want l0", l)
+	tests := []struct {
+		name       string
+		latencyIdx int
+		wantDef    [2]uint64 // standard, latency after the first pop
+		wantCursor int
+		wantLat2   uint64 // latency's deficit once s0 has gone second
+	}{
+		{"standard first", 1, [2]uint64{5000, 1000}, 0, 3000},
+		{"latency first", 0, [2]uint64{4000, 1000}, 1, 5000},
 	}
-	if d := deficits(s); !slices.Equal(d, []uint64{5000, 1000}) {
-		t.Fatalf("deficits = %v; want [5000 1000]", d)
-	}
-	if s.cursor != 0 {
-		t.Fatalf("cursor = %d; want 0 (latency cannot afford its next head)", s.cursor)
-	}
-	if p.sharedCalls != 2 {
-		t.Fatalf("shared probes = %d; want 2 (one per class, the rescan reuses them)", p.sharedCalls)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			std := 1 - tc.latencyIdx
+			cfgs := make([]ClassConfig, 2)
+			cfgs[std] = qclass("standard", 1000, FCFS)
+			cfgs[tc.latencyIdx] = qclass("latency", 2000, FCFS)
+			s := mustNew(t, cfgs...)
+			enqueue(t, s, costReq(std, 7000, "s0"))
+			enqueue(t, s, costReq(tc.latencyIdx, 9000, "l0"))
+			enqueue(t, s, costReq(tc.latencyIdx, 9000, "l1"))
+			p := newProbe()
+			if l := popLabel(t, s, 0, p); l != "l0" {
+				t.Fatalf("pop = %q; want l0", l)
+			}
+			d := deficits(s)
+			if got := [2]uint64{d[std], d[tc.latencyIdx]}; got != tc.wantDef {
+				t.Fatalf("deficits (standard, latency) = %v; want %v", got, tc.wantDef)
+			}
+			if s.cursor != tc.wantCursor {
+				t.Fatalf("cursor = %d; want %d (latency cannot afford its next head)", s.cursor, tc.wantCursor)
+			}
+			if p.sharedCalls != 2 {
+				t.Fatalf("shared probes = %d; want 2 (one per class, the rescan reuses them)", p.sharedCalls)
+			}
+			// Both orders reach the same grants per class: s0 goes next.
+			if l := popLabel(t, s, 0, p); l != "s0" {
+				t.Fatalf("second pop = %q; want s0", l)
+			}
+			if d := deficits(s); d[std] != 0 || d[tc.latencyIdx] != tc.wantLat2 {
+				t.Fatalf("deficits after s0 = %v; want standard 0, latency %d", d, tc.wantLat2)
+			}
+		})
 	}
 }
 
