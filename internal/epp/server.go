@@ -23,6 +23,7 @@ import (
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/internal/metrics"
+	"github.com/laneway-dev/laneway/internal/tlsutil"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
 
@@ -207,21 +208,20 @@ func (s *Server) Run(ctx context.Context) error {
 
 // serverTLS returns the ext_proc server's TLS config: the certificate in
 // certPath (tls.crt, tls.key), reread when it changes, or a self-signed one
-// made at start. ALPN offers h2 only: ext_proc is gRPC.
+// made at start. Gateways reach the picker through a Service and do not
+// verify it (as with the upstream picker); mount a real one with
+// --cert-path.
 func serverTLS(certPath string) (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
 	if certPath == "" {
-		cert, err := SelfSignedCert()
+		cert, err := tlsutil.SelfSigned()
 		if err != nil {
 			return nil, err
 		}
-		cfg.Certificates = []tls.Certificate{cert}
-		return cfg, nil
+		return tlsutil.ServerConfig(tlsutil.Static(cert)), nil
 	}
-	kp, err := newKeypairReloader(certPath)
+	r, err := tlsutil.NewReloader(certPath)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--cert-path: %w", err)
 	}
-	cfg.GetCertificate = kp.get
-	return cfg, nil
+	return tlsutil.ServerConfig(r.GetCertificate), nil
 }
