@@ -31,6 +31,12 @@ all: build
 build: ## Build every command into bin/.
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+##@ Demo
+
+.PHONY: demo
+demo: build ## The weighted-share workload end to end: modelsim + epp + local gateway on loopback.
+	$(BIN)/demo --bin $(BIN) --out $(CURDIR)/out/demo
+
 ##@ Test
 
 .PHONY: test

@@ -1,0 +1,30 @@
+// Command demo runs Laneway's weighted-share demo end to end on this
+// machine (see `make demo`): model-server simulator, endpoint picker and
+// local gateway as real processes on loopback, 320 premium and 320 regular
+// requests through the gateway, for quanta 512:128 and the 512:512 control.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/laneway-dev/laneway/internal/demo"
+)
+
+func main() {
+	bin := flag.String("bin", "bin", "folder holding the epp, modelsim and gateway binaries")
+	out := flag.String("out", "out/demo", "folder for policies, logs and the plot")
+	per := flag.Int("per-class", 320, "requests per class")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	_, err := demo.Run(ctx, demo.Config{BinDir: *bin, OutDir: *out, PerClass: *per, Out: os.Stdout, Progress: os.Stderr})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}

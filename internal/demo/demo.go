@@ -1,0 +1,248 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/laneway-dev/laneway/internal/workload"
+)
+
+// Config says where the binaries are and how big the run is.
+type Config struct {
+	// BinDir holds epp, modelsim and gateway.
+	BinDir string
+	// OutDir receives the policy files, logs and plots.
+	OutDir string
+	// PerClass is the requests per class (320 in SPEC §11).
+	PerClass int
+	// Out receives the table; Progress receives the progress bar.
+	Out, Progress io.Writer
+}
+
+// Scenario is one run: the quanta of premium and regular.
+type Scenario struct {
+	Name                    string
+	PremiumQuantum, Regular uint64
+	Weighted                bool
+}
+
+// Scenarios are the weighted run and its equal-share control.
+var Scenarios = []Scenario{
+	{Name: "512:128", PremiumQuantum: 512, Regular: 128, Weighted: true},
+	{Name: "512:512", PremiumQuantum: 512, Regular: 512, Weighted: false},
+}
+
+// Outcome is one scenario's result.
+type Outcome struct {
+	Scenario Scenario
+	Result   *workload.Result
+	Shares   workload.Shares
+	Misses   []string
+}
+
+// policyYAML is the SPEC §11 policy in the reference router's format.
+func policyYAML(s Scenario) string {
+	return fmt.Sprintf(`# Weighted-share demo policy (SPEC §11), quanta %s.
+default_policy_family: regular
+uncached_isl_buckets:
+  - min_tokens: 0
+    bucket: all
+policy_classes:
+  - name: premium
+    policy_family: premium
+    cache_bucket: all
+    queue_policy: fcfs
+    quantum: %d
+    prefill_busy_threshold: 1536
+    request_queue_limit_per_worker: 1024
+  - name: regular
+    policy_family: regular
+    cache_bucket: all
+    queue_policy: fcfs
+    quantum: %d
+    prefill_busy_threshold: 1536
+    request_queue_limit_per_worker: 1024
+`, s.Name, s.PremiumQuantum, s.Regular)
+}
+
+// Run runs every scenario, prints the table and writes the plots. It
+// returns an error when a scenario misses its bands.
+func Run(ctx context.Context, cfg Config) ([]Outcome, error) {
+	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
+		return nil, err
+	}
+	var outs []Outcome
+	for i, sc := range Scenarios {
+		o, err := runScenario(ctx, cfg, sc, i)
+		if err != nil {
+			return outs, fmt.Errorf("scenario %s: %w", sc.Name, err)
+		}
+		outs = append(outs, o)
+	}
+	printTable(cfg.Out, outs)
+	png, svg, err := Plot(outs, filepath.Join(cfg.OutDir, "weighted-share"))
+	if err != nil {
+		return outs, fmt.Errorf("plot: %w", err)
+	}
+	fmt.Fprintf(cfg.Out, "\nplot: %s\n      %s\n", png, svg)
+	var bad []string
+	for _, o := range outs {
+		for _, m := range o.Misses {
+			bad = append(bad, o.Scenario.Name+": "+m)
+		}
+	}
+	if len(bad) > 0 {
+		return outs, fmt.Errorf("outside the SPEC §11 bands:\n  %s", strings.Join(bad, "\n  "))
+	}
+	fmt.Fprintln(cfg.Out, "\nboth runs are inside the SPEC §11 bands.")
+	return outs, nil
+}
+
+func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome, err error) {
+	o.Scenario = sc
+	dir := filepath.Join(cfg.OutDir, strings.ReplaceAll(sc.Name, ":", "-"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return o, err
+	}
+	policyFile := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(policyFile, []byte(policyYAML(sc)), 0o644); err != nil {
+		return o, err
+	}
+	const simIP, loIP = "127.0.0.2", "127.0.0.1"
+	simPort, err := freePort(simIP)
+	if err != nil {
+		return o, err
+	}
+	var ports [4]int
+	for i := range ports {
+		if ports[i], err = freePort(loIP); err != nil {
+			return o, err
+		}
+	}
+	grpcPort, healthPort, metricsPort, gwPort := ports[0], ports[1], ports[2], ports[3]
+	simAddr := hostPort(simIP, simPort)
+
+	var procs []*proc
+	defer func() {
+		for i := len(procs) - 1; i >= 0; i-- {
+			if serr := procs[i].stop(10 * time.Second); serr != nil && err == nil {
+				err = serr
+			}
+			_ = os.WriteFile(filepath.Join(dir, procs[i].name+".log"), []byte(procs[i].out.String()), 0o644)
+		}
+	}()
+
+	sim, err := start("modelsim", filepath.Join(cfg.BinDir, "modelsim"),
+		"--host", simIP, fmt.Sprint("--port=", simPort),
+		"--max-num-seqs=4", "--max-num-batched-tokens=8192", "--enable-prefix-caching=false",
+		"--prefill-tokens-per-sec=40000", "--time-per-output-token=10ms")
+	if err != nil {
+		return o, err
+	}
+	procs = append(procs, sim)
+	epp, err := start("epp", filepath.Join(cfg.BinDir, "epp"),
+		"--endpoints", simAddr, "--policy-config", policyFile, "--bind-address", loIP,
+		fmt.Sprint("--grpc-port=", grpcPort), fmt.Sprint("--grpc-health-port=", healthPort),
+		fmt.Sprint("--metrics-port=", metricsPort), "--max-num-batched-tokens=8192")
+	if err != nil {
+		return o, err
+	}
+	procs = append(procs, epp)
+	gw, err := start("gateway", filepath.Join(cfg.BinDir, "gateway"),
+		"--listen", hostPort(loIP, gwPort), "--epp", hostPort(loIP, grpcPort), "--epp-insecure-skip-verify")
+	if err != nil {
+		return o, err
+	}
+	procs = append(procs, gw)
+
+	if err := waitFor(ctx, sim, "modelsim", httpOK("http://"+simAddr+"/health")); err != nil {
+		return o, err
+	}
+	if err := waitFor(ctx, epp, "epp", grpcServing(hostPort(loIP, healthPort), "readiness", false)); err != nil {
+		return o, err
+	}
+	if err := waitFor(ctx, gw, "gateway", tcpOpen(hostPort(loIP, gwPort))); err != nil {
+		return o, err
+	}
+
+	fmt.Fprintf(cfg.Out, "\n== quanta %s (premium:regular): %d + %d requests of 512 tokens, one model server with 4 slots\n",
+		sc.Name, cfg.PerClass, cfg.PerClass)
+	bar := newProgress(cfg.Progress, sc.Name)
+	res, err := workload.Run(ctx, workload.Spec{
+		URL:          "http://" + hostPort(loIP, gwPort) + "/v1/completions",
+		Model:        "sim-model",
+		Classes:      []string{"premium", "regular"},
+		PerClass:     cfg.PerClass,
+		PromptTokens: 512,
+		Seed:         n,
+		Progress:     bar.update,
+	})
+	bar.finish()
+	if err != nil {
+		return o, err
+	}
+	o.Result = res
+	o.Shares = workload.Analyze(res)
+	if cfg.PerClass == 320 {
+		o.Misses = o.Shares.Check(sc.Weighted)
+	}
+	for _, c := range res.Completions {
+		if c.Err != nil {
+			fmt.Fprintf(cfg.Out, "   first failure: %s: %v\n", c.Class, c.Err)
+			break
+		}
+	}
+	return o, nil
+}
+
+func printTable(w io.Writer, outs []Outcome) {
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "%-9s | %-28s | %-26s | %-8s | %s\n", "quanta", "first 320 (premium:regular)", "regular left at premium drain", "all 200", "time")
+	fmt.Fprintf(w, "%s\n", strings.Repeat("-", 100))
+	for _, o := range outs {
+		s := o.Shares
+		band := "want premium >= 240, regular >= 48"
+		left := "want [220, 260]"
+		if !o.Scenario.Weighted {
+			band, left = "want premium in [140, 180]", "want <= 20"
+		}
+		fmt.Fprintf(w, "%-9s | %3d : %-3d (%s) | %3d (%s) | %d/%d | %.1fs\n",
+			o.Scenario.Name, s.FirstInPrefix, s.SecondInPrefix, band, s.SecondLeftAtFirstDrain, left,
+			s.OK, s.OK+s.Failed, o.Result.Elapsed.Seconds())
+	}
+	fmt.Fprintln(w, "reference router (4 runs): 512:512 -> 159-161 : 159-161, 0-3 left; 512:128 -> 254-257 : 63-66, 237-240 left")
+}
+
+// progress draws a one-line bar, redrawn in place.
+type progress struct {
+	w     io.Writer
+	label string
+	last  int
+}
+
+func newProgress(w io.Writer, label string) *progress { return &progress{w: w, label: label, last: -1} }
+
+func (p *progress) update(done, total int) {
+	if p.w == nil {
+		return
+	}
+	pct := done * 100 / total
+	if pct == p.last {
+		return
+	}
+	p.last = pct
+	const width = 40
+	fill := done * width / total
+	fmt.Fprintf(p.w, "\r  %s [%s%s] %3d%% %d/%d", p.label, strings.Repeat("#", fill), strings.Repeat(".", width-fill), pct, done, total)
+}
+
+func (p *progress) finish() {
+	if p.w != nil {
+		fmt.Fprintln(p.w)
+	}
+}
