@@ -193,8 +193,10 @@ const (
 func (st *stream) decideAndAnswer(kind answerKind, trailers bool) (end bool, err error) {
 	d, err := st.s.decider.Decide(st.ctx, &st.req)
 	if err != nil {
-		if st.ctx.Err() != nil {
-			return true, nil // the gateway went away; nobody to answer
+		if cerr := st.ctx.Err(); cerr != nil {
+			// The gateway went away or its deadline passed: nobody to answer.
+			// The status says which, for the gateway's own diagnostics.
+			return true, status.FromContextError(cerr).Err()
 		}
 		return true, st.sendDeciderError(err)
 	}

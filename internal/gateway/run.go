@@ -1,0 +1,110 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/pflag"
+)
+
+// Config is the command-line configuration of the local gateway.
+type Config struct {
+	// Listen is the HTTP/1.1 listen address.
+	Listen string
+	// EPP is the picker's gRPC address.
+	EPP string
+	// Dial configures the connection to the picker.
+	Dial DialOptions
+	// Gateway holds the per-request options.
+	Gateway Options
+	// Verbosity is the log level (2 default, 4 per-request diagnostics).
+	Verbosity int
+}
+
+// NewConfig returns the defaults: listen on 127.0.0.1:8080, picker on
+// 127.0.0.1:9002 over TLS.
+func NewConfig() *Config {
+	return &Config{
+		Listen:    "127.0.0.1:8080",
+		EPP:       "127.0.0.1:9002",
+		Dial:      DialOptions{TLS: true},
+		Gateway:   Options{Timeout: 10 * time.Minute, MaxBodyBytes: 64 << 20, DialTimeout: 2 * time.Second},
+		Verbosity: 2,
+	}
+}
+
+// AddFlags registers the configuration's flags.
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Listen, "listen", c.Listen, "HTTP listen address")
+	fs.StringVar(&c.EPP, "epp", c.EPP, "endpoint picker gRPC address (host:port)")
+	fs.BoolVar(&c.Dial.TLS, "epp-tls", c.Dial.TLS, "connect to the endpoint picker over TLS (ALPN h2)")
+	fs.BoolVar(&c.Dial.InsecureSkipVerify, "epp-insecure-skip-verify", c.Dial.InsecureSkipVerify,
+		"accept any picker certificate (needed for its default self-signed one)")
+	fs.StringVar(&c.Dial.CAFile, "epp-ca-file", c.Dial.CAFile, "PEM bundle to verify the picker's certificate against")
+	fs.StringVar(&c.Dial.ServerName, "epp-server-name", c.Dial.ServerName, "name to verify in the picker's certificate")
+	fs.DurationVar(&c.Gateway.Timeout, "timeout", c.Gateway.Timeout,
+		"bound on one whole request: queueing in the picker, upstream and response (0 = none)")
+	fs.Int64Var(&c.Gateway.MaxBodyBytes, "max-body-bytes", c.Gateway.MaxBodyBytes, "largest request body accepted")
+	fs.DurationVar(&c.Gateway.DialTimeout, "dial-timeout", c.Gateway.DialTimeout,
+		"bound on connecting to one endpoint before falling back to the next")
+	fs.IntVarP(&c.Verbosity, "v", "v", c.Verbosity, "log verbosity")
+}
+
+// Validate checks the configuration.
+func (c *Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("--listen %q: %w", c.Listen, err)
+	}
+	if _, _, err := net.SplitHostPort(c.EPP); err != nil {
+		return fmt.Errorf("--epp %q: %w", c.EPP, err)
+	}
+	if c.Gateway.Timeout < 0 {
+		return fmt.Errorf("--timeout %v: must not be negative", c.Gateway.Timeout)
+	}
+	if c.Gateway.MaxBodyBytes <= 0 {
+		return fmt.Errorf("--max-body-bytes %d: must be positive", c.Gateway.MaxBodyBytes)
+	}
+	if !c.Dial.TLS && (c.Dial.InsecureSkipVerify || c.Dial.CAFile != "") {
+		return errors.New("--epp-insecure-skip-verify and --epp-ca-file need --epp-tls")
+	}
+	return nil
+}
+
+// Run serves the gateway until ctx ends, then drains in-flight requests for
+// up to 10 s.
+func Run(ctx context.Context, c *Config, log logr.Logger) error {
+	conn, err := Dial(c.EPP, c.Dial)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	opts := c.Gateway
+	opts.Logger = log
+	g := New(conn, opts)
+	defer g.Close()
+
+	lis, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", c.Listen, err)
+	}
+	srv := &http.Server{Handler: g, ReadHeaderTimeout: 30 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	log.Info("gateway serving", "listen", lis.Addr().String(), "epp", c.EPP, "eppTLS", c.Dial.TLS)
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve %s: %w", c.Listen, err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shut down: %w", err)
+	}
+	return nil
+}
