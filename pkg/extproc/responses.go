@@ -22,7 +22,7 @@ func setHeader(key, value string) *corev3.HeaderValueOption {
 }
 
 // pickResponse builds the answer that carries the pick: the destination
-// header (overwritten), the same value in dynamic metadata envoy.lb, and
+// header (overwritten), the endpoint list in dynamic metadata envoy.lb, and
 // clear_route_cache so the route is re-evaluated with the new header. newLen
 // >= 0 sets content-length to the replaced body's length; in BUFFERED mode
 // (onBody) replace, when non-nil, becomes the body mutation.
@@ -32,9 +32,9 @@ func setHeader(key, value string) *corev3.HeaderValueOption {
 // way setting the exact length of the body we stream back is correct, and it
 // spares HTTP/1.1 model servers a chunked request body. In BUFFERED mode
 // Envoy requires the processor to set it and rejects a mismatch.
-func pickResponse(endpoints string, newLen int, replace []byte, onBody bool) *extprocv3.ProcessingResponse {
+func pickResponse(header, list string, newLen int, replace []byte, onBody bool) *extprocv3.ProcessingResponse {
 	set := make([]*corev3.HeaderValueOption, 1, 2)
-	set[0] = setHeader(HeaderDestinationEndpoint, endpoints)
+	set[0] = setHeader(HeaderDestinationEndpoint, header)
 	if newLen >= 0 {
 		set = append(set, setHeader("content-length", strconv.Itoa(newLen)))
 	}
@@ -48,7 +48,7 @@ func pickResponse(endpoints string, newLen int, replace []byte, onBody bool) *ex
 	resp := &extprocv3.ProcessingResponse{
 		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 			MetadataNamespaceLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-				MetadataKeyDestination: structpb.NewStringValue(endpoints),
+				MetadataKeyDestination: structpb.NewStringValue(list),
 			}}),
 		}},
 	}

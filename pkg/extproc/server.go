@@ -49,16 +49,23 @@ type Options struct {
 	Logger logr.Logger
 	// Observer, when set, is told each stream's outcome.
 	Observer Observer
+	// HeaderPickOnly puts only the pick (the first endpoint) in the
+	// x-gateway-destination-endpoint header while the dynamic metadata keeps
+	// the whole list. Envoy's ORIGINAL_DST cluster parses the header as one
+	// ip:port and fails on a list, so set this when fallbacks are returned
+	// to a gateway wired that way.
+	HeaderPickOnly bool
 }
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor. It is safe
 // for concurrent use; every stream runs on its own gRPC goroutine and shares
 // no mutable state with other streams.
 type Server struct {
-	decider Decider
-	maxBody int
-	log     logr.Logger
-	obs     Observer
+	decider        Decider
+	maxBody        int
+	log            logr.Logger
+	obs            Observer
+	headerPickOnly bool
 }
 
 // NewServer returns a Server that asks d where each request goes.
@@ -66,7 +73,7 @@ func NewServer(d Decider, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	return &Server{decider: d, maxBody: opts.MaxBodyBytes, log: opts.Logger, obs: opts.Observer}
+	return &Server{decider: d, maxBody: opts.MaxBodyBytes, log: opts.Logger, obs: opts.Observer, headerPickOnly: opts.HeaderPickOnly}
 }
 
 // Register adds the ExternalProcessor service to a gRPC server.

@@ -392,7 +392,7 @@ func TestLifecycleAndResponsePath(t *testing.T) {
 		},
 		{
 			name: "conformance echo falls back to the pick", conform: true,
-			wantEvents: []string{"first_byte", "done"}, wantServed: "10.0.0.1:8000,10.0.0.2:8000",
+			wantEvents: []string{"first_byte", "done"}, wantServed: "10.0.0.1:8000",
 		},
 	}
 	for _, tc := range tests {
@@ -618,5 +618,22 @@ func TestReplyError(t *testing.T) {
 	r := &extproc.Reply{Status: 429, Reason: "queue_limit", Message: "class premium full"}
 	if got, want := r.Error(), "reply 429 queue_limit: class premium full"; got != want {
 		t.Errorf("Error() = %q, want %q", got, want)
+	}
+}
+
+// TestHeaderPickOnly: for gateways whose ORIGINAL_DST cluster reads the
+// header as one address, the header carries only the pick and the metadata
+// keeps the fallbacks.
+func TestHeaderPickOnly(t *testing.T) {
+	eps := []string{"10.0.0.1:8000", "10.0.0.2:8000"}
+	conn := startServer(t, fixed(eps...), extproc.Options{HeaderPickOnly: true})
+	ex, err := extprocclient.New(conn, extprocclient.Options{}).Start(context.Background(), extprocclient.RequestSpec{Body: []byte("{}")})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	defer ex.Close()
+	d := ex.Decision()
+	if !slices.Equal(d.Endpoints, eps[:1]) || !slices.Equal(d.MetadataEndpoints, eps) {
+		t.Errorf("header %v metadata %v, want header %v metadata %v", d.Endpoints, d.MetadataEndpoints, eps[:1], eps)
 	}
 }

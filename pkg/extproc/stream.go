@@ -31,7 +31,8 @@ type stream struct {
 
 	req         Request
 	conformance bool   // the request carried the conformance selection header
-	pick        string // joined endpoint list sent to the gateway
+	pick        string // the first endpoint: the one the gateway is told to use
+	list        string // the joined endpoint list (pick and fallbacks)
 
 	dispatched bool      // the Decider returned a Decision
 	lc         Lifecycle // may be nil even when dispatched
@@ -205,7 +206,11 @@ func (st *stream) decideAndAnswer(kind answerKind, trailers bool) (end bool, err
 	if len(d.Endpoints) == 0 {
 		return true, st.sendDeciderError(errors.New("decider returned no endpoint"))
 	}
-	st.pick = strings.Join(d.Endpoints, ",")
+	st.pick, st.list = d.Endpoints[0], strings.Join(d.Endpoints, ",")
+	header := st.list
+	if st.s.headerPickOnly {
+		header = st.pick
+	}
 
 	body := st.req.Body
 	newLen := -1 // content-length to set; -1 leaves the header alone
@@ -213,12 +218,12 @@ func (st *stream) decideAndAnswer(kind answerKind, trailers bool) (end bool, err
 		body, newLen = d.Body, len(d.Body)
 	}
 	if kind == answerHeaders && d.Body != nil {
-		st.s.log.V(4).Info("ignoring body replacement for a request without a body", "endpoint", st.pick)
+		st.s.log.V(4).Info("ignoring body replacement for a request without a body", "endpoints", st.list)
 	}
 
 	switch kind {
 	case answerHeaders, answerHeadersAndBody:
-		if err := st.send(pickResponse(st.pick, newLen, nil, false)); err != nil {
+		if err := st.send(pickResponse(header, st.list, newLen, nil, false)); err != nil {
 			return true, err
 		}
 		st.answered = true
@@ -233,14 +238,14 @@ func (st *stream) decideAndAnswer(kind answerKind, trailers bool) (end bool, err
 		if newLen >= 0 {
 			replace = body
 		}
-		if err := st.send(pickResponse(st.pick, newLen, replace, true)); err != nil {
+		if err := st.send(pickResponse(header, st.list, newLen, replace, true)); err != nil {
 			return true, err
 		}
 		st.answered = true
 		st.outcome = OutcomeRouted
 	}
 	if st.s.log.V(4).Enabled() {
-		st.s.log.V(4).Info("routed", "endpoints", st.pick, "bodyBytes", len(body))
+		st.s.log.V(4).Info("routed", "endpoints", st.list, "bodyBytes", len(body))
 	}
 	return false, nil
 }
