@@ -341,4 +341,11 @@ func listOrNone(xs []string) string {
 
 // formatFloat prints f the shortest way that reads back as f: the form the
 // decimal-string fields of the CRDs use.
-func formatFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+// Negative zero prints as "0": it is the same threshold, and "-0" would not
+// pass the CRD's decimal pattern.
+func formatFloat(f float64) string {
+	if f == 0 {
+		f = 0
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64)
+}
