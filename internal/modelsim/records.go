@@ -1,0 +1,70 @@
+package modelsim
+
+import (
+	"sync"
+	"time"
+)
+
+// Record is one ended request as /debug/requests shows it. It carries no
+// prompt text.
+type Record struct {
+	ID           uint64    `json:"id"`
+	Priority     int       `json:"priority"`
+	LoRA         string    `json:"lora,omitempty"`
+	PromptTokens int       `json:"prompt_tokens"`
+	CachedTokens int       `json:"cached_tokens"`
+	MaxTokens    int       `json:"max_tokens"`
+	Generated    int       `json:"completion_tokens"`
+	Outcome      string    `json:"outcome"` // "length" or "abort"
+	Arrival      time.Time `json:"arrival"`
+	Start        time.Time `json:"start,omitzero"`
+	FirstToken   time.Time `json:"first_token,omitzero"`
+	Finish       time.Time `json:"finish"`
+}
+
+func recordOf(s *Seq, outcome string) Record {
+	return Record{
+		ID: s.ID, Priority: s.Priority, LoRA: s.LoRA,
+		PromptTokens: s.PromptTokens, CachedTokens: s.cachedTokens,
+		MaxTokens: s.MaxTokens, Generated: s.generated, Outcome: outcome,
+		Arrival: s.Arrival, Start: s.start, FirstToken: s.firstToken, Finish: s.finish,
+	}
+}
+
+// recordRing keeps the last records in order of ending.
+type recordRing struct {
+	mu   sync.Mutex
+	buf  []Record
+	next int
+	full bool
+}
+
+func newRecordRing(n int) *recordRing { return &recordRing{buf: make([]Record, n)} }
+
+func (r *recordRing) add(rec Record) {
+	if len(r.buf) == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.buf[r.next] = rec
+	r.next++
+	if r.next == len(r.buf) {
+		r.next, r.full = 0, true
+	}
+	r.mu.Unlock()
+}
+
+// last returns up to n records, oldest first.
+func (r *recordRing) last(n int) []Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var all []Record
+	if r.full {
+		all = append(all, r.buf[r.next:]...)
+	}
+	all = append(all, r.buf[:r.next]...)
+	if n >= 0 && n < len(all) {
+		all = all[len(all)-n:]
+	}
+	return all
+}
