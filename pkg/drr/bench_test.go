@@ -26,6 +26,8 @@ type benchSetup struct {
 	lanes   int    // exact lanes holding half the queue; 0 = all shared
 	cost    uint64 // fixed request cost; 0 = random in [1, 1024]
 	quantum uint64
+	// mixed gives class i the quantum quantum×(1+i%4); else all equal.
+	mixed bool
 }
 
 type benchQueue struct {
@@ -40,7 +42,11 @@ func newBenchQueue(b *testing.B, cfg benchSetup) *benchQueue {
 	b.Helper()
 	cfgs := make([]ClassConfig, cfg.classes)
 	for i := range cfgs {
-		cfgs[i] = qclass(fmt.Sprintf("c%d", i), cfg.quantum*uint64(1+i%4), Policy(i%3))
+		quantum := cfg.quantum
+		if cfg.mixed {
+			quantum *= uint64(1 + i%4)
+		}
+		cfgs[i] = qclass(fmt.Sprintf("c%d", i), quantum, Policy(i%3))
 	}
 	s, err := New(cfgs)
 	if err != nil {
@@ -123,7 +129,7 @@ func BenchmarkPop(b *testing.B) {
 				}
 				name := fmt.Sprintf("classes=%d/queued=%d/lanes=%d", classes, queued, lanes)
 				b.Run(name, func(b *testing.B) {
-					benchPop(b, benchSetup{classes: classes, queued: queued, lanes: lanes, quantum: 512})
+					benchPop(b, benchSetup{classes: classes, queued: queued, lanes: lanes, quantum: 512, mixed: true})
 				})
 			}
 		}
@@ -131,12 +137,19 @@ func BenchmarkPop(b *testing.B) {
 }
 
 // BenchmarkPopCost: bulk credit makes a cost of 10^9 at quantum 1 cost
-// about the same as a cost of 1.
+// about the same as a cost of 1. With mixed quanta (1..4) most calls of the
+// 10^9 case need a full ring scan plus bulk rounds: O(C), not O(cost).
 func BenchmarkPopCost(b *testing.B) {
-	for _, cost := range []uint64{1, 1_000_000_000} {
-		b.Run(fmt.Sprintf("cost=%d/quantum=1", cost), func(b *testing.B) {
-			benchPop(b, benchSetup{classes: 8, queued: 1_000, cost: cost, quantum: 1})
-		})
+	for _, mixed := range []bool{false, true} {
+		for _, cost := range []uint64{1, 1_000_000_000} {
+			quanta := "1"
+			if mixed {
+				quanta = "1..4"
+			}
+			b.Run(fmt.Sprintf("cost=%d/quantum=%s", cost, quanta), func(b *testing.B) {
+				benchPop(b, benchSetup{classes: 8, queued: 1_000, cost: cost, quantum: 1, mixed: mixed})
+			})
+		}
 	}
 }
 
@@ -144,7 +157,7 @@ func BenchmarkPopCost(b *testing.B) {
 // dispatcher reports after charging the endpoint of a pinned dispatch, so
 // that lane is probed again on its next turn.
 func BenchmarkPopEndpointChanged(b *testing.B) {
-	cfg := benchSetup{classes: 8, queued: 100_000, lanes: 10_000, quantum: 512}
+	cfg := benchSetup{classes: 8, queued: 100_000, lanes: 10_000, quantum: 512, mixed: true}
 	q := newBenchQueue(b, cfg)
 	const batch = 256
 	buf := make([]Request, 0, batch)
@@ -177,7 +190,7 @@ func BenchmarkPopEndpointChanged(b *testing.B) {
 func BenchmarkOffer(b *testing.B) {
 	for _, lanes := range []int{0, 10_000} {
 		b.Run(fmt.Sprintf("lanes=%d", lanes), func(b *testing.B) {
-			q := newBenchQueue(b, benchSetup{classes: 8, queued: 100_000, lanes: lanes, quantum: 512})
+			q := newBenchQueue(b, benchSetup{classes: 8, queued: 100_000, lanes: lanes, quantum: 512, mixed: true})
 			const batch = 256
 			reqs := make([]Request, batch)
 			items := make([]*Item, 0, batch)
@@ -216,7 +229,7 @@ func BenchmarkOffer(b *testing.B) {
 func BenchmarkRemove(b *testing.B) {
 	for _, lanes := range []int{0, 10_000} {
 		b.Run(fmt.Sprintf("lanes=%d", lanes), func(b *testing.B) {
-			q := newBenchQueue(b, benchSetup{classes: 8, queued: 100_000, lanes: lanes, quantum: 512})
+			q := newBenchQueue(b, benchSetup{classes: 8, queued: 100_000, lanes: lanes, quantum: 512, mixed: true})
 			live := q.s.all()
 			const batch = 256
 			victims := make([]*Item, 0, batch)

@@ -3,7 +3,7 @@ package drr
 import (
 	"errors"
 	"fmt"
-	"math"
+	"math/bits"
 	"slices"
 )
 
@@ -329,11 +329,16 @@ func (s *Scheduler) Remove(it *Item) bool {
 
 // Pop runs one arbitration (SPEC §4) and returns the next item to leave the
 // queue and why. Expired items (WaitBudget elapsed at now) leave first;
-// then heads judged Unroutable (Outcome NoRoute); then one DRR dispatch. It returns (nil, None) when
-// nothing can leave. Call it in a loop until None.
+// then heads judged Unroutable (Outcome NoRoute); then one DRR dispatch.
+// It returns (nil, None) when nothing can leave. Call it in a loop until
+// None.
 //
 // Lane verdicts are cached until EndpointChanged: after dispatching to an
 // endpoint (which changes its load), the caller reports that endpoint.
+//
+// One deliberate refinement of SPEC §4 step 2: of the bulk rounds, the
+// last is granted in ring order up to the class that dispatches; classes
+// after it in the scan get that round at their next visit (see below).
 func (s *Scheduler) Pop(now int64, p Probe) (*Item, Outcome) {
 	if s.n == 0 {
 		return nil, None
@@ -395,18 +400,23 @@ func (s *Scheduler) Pop(now int64, p Probe) (*Item, Outcome) {
 	// they earn it at their next visit. Granting it to them now as well
 	// would give them a second quantum in a row when the cursor reaches
 	// them next, a bias that accumulates without bound.
-	rounds := uint64(math.MaxUint64)
+	//
+	// The fewest rounds belong to the smallest need/quantum ratio; compare
+	// ratios exactly by cross-multiplying and divide once.
+	var minNeed, minQ uint64
 	for i, it := range cands {
 		if it == nil {
 			continue
 		}
 		c := s.classes[i]
 		need := it.cost - c.deficit // > 0: the scan found it unaffordable
-		r := need / c.cfg.Quantum
-		if need%c.cfg.Quantum != 0 {
-			r++
+		if minQ == 0 || ratioLess(need, c.cfg.Quantum, minNeed, minQ) {
+			minNeed, minQ = need, c.cfg.Quantum
 		}
-		rounds = min(rounds, r)
+	}
+	rounds := minNeed / minQ
+	if minNeed%minQ != 0 {
+		rounds++
 	}
 	if rounds > 1 {
 		for i, it := range cands {
@@ -430,6 +440,13 @@ func (s *Scheduler) Pop(now int64, p Probe) (*Item, Outcome) {
 		}
 	}
 	return nil, None // unreachable: the class with the fewest rounds can pay
+}
+
+// ratioLess reports a/b < c/d, exactly.
+func ratioLess(a, b, c, d uint64) bool {
+	h1, l1 := bits.Mul64(a, d)
+	h2, l2 := bits.Mul64(c, b)
+	return h1 < h2 || (h1 == h2 && l1 < l2)
 }
 
 // candidate returns the class's best dispatchable head (shared head or best
