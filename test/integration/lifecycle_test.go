@@ -1,0 +1,151 @@
+package integration
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/pkg/extproc"
+)
+
+// TestSIGTERMDrain: on SIGTERM readiness goes NOT_SERVING, every queued
+// stream is answered 503 shutting_down, a dispatched stream still plays its
+// response to the end, and the process exits 0.
+func TestSIGTERMDrain(t *testing.T) {
+	checkGoroutines(t)
+	bs := startBackends(t, 1)
+	p := startEPP(t, eppOptions{endpoints: addrs(bs), policy: writePolicy(t, busyPolicy)})
+	c := p.client(t, extprocclient.Options{})
+
+	holder := mustStart(t, c, spec(tokens(500, 0)))
+	mustRoute(t, holder)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const n = 5
+	answers := make(chan started, n)
+	for i := 0; i < n; i++ {
+		startInto(ctx, c, "queued", spec(tokens(150, i+1)), answers)
+	}
+	p.waitMetric(t, n, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+
+	hconn, err := grpc.NewClient(p.healthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hconn.Close()
+	watch, err := healthpb.NewHealthClient(hconn).Watch(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := watch.Recv(); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("readiness before SIGTERM: %v %v", st, err)
+	}
+
+	p.sigterm(t)
+	if st, err := watch.Recv(); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("readiness after SIGTERM: %v %v, want NOT_SERVING", st, err)
+	}
+	for i := 0; i < n; i++ {
+		s := await(t, answers)
+		immediate(t, s.ex, http.StatusServiceUnavailable, "shutting_down")
+		s.ex.Close()
+	}
+	// The dispatched stream drains normally.
+	sendFirstByte(t, holder)
+	if out, err := holder.SendResponseBody([]byte("data: [DONE]\n\n"), true); err != nil || string(out) != "data: [DONE]\n\n" {
+		t.Fatalf("last chunk after SIGTERM: %q %v", out, err)
+	}
+	if err := holder.Close(); err != nil {
+		t.Fatalf("close drained stream: %v", err)
+	}
+	if err := p.waitExit(drainTimeout); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTLS: with the default --secure-serving the ext_proc port speaks TLS
+// with ALPN h2 and a gateway that skips verification (the self-signed case)
+// gets picks; a plaintext client does not.
+func TestTLS(t *testing.T) {
+	checkGoroutines(t)
+	bs := startBackends(t, 1)
+	p := startEPP(t, eppOptions{endpoints: addrs(bs), tls: true})
+
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: eventTimeout}, "tcp", p.grpcAddr, &tls.Config{
+		InsecureSkipVerify: true, //nolint:gosec // the picker's certificate is self-signed
+		NextProtos:         []string{"h2"},
+	})
+	if err != nil {
+		t.Fatalf("TLS handshake: %v", err)
+	}
+	st := conn.ConnectionState()
+	conn.Close()
+	if st.NegotiatedProtocol != "h2" {
+		t.Errorf("ALPN negotiated %q, want h2", st.NegotiatedProtocol)
+	}
+	if len(st.PeerCertificates) == 0 {
+		t.Error("no server certificate")
+	}
+
+	c := p.client(t, extprocclient.Options{})
+	ex := mustStart(t, c, spec(tokens(32, 1)))
+	if got := mustRoute(t, ex); got != bs[0].addr {
+		t.Fatalf("pick %s, want %s", got, bs[0].addr)
+	}
+	status, out := forward(t, ex, "/v1/completions", http.Header{}, 1024)
+	var reply backendReply
+	if status != http.StatusOK || json.Unmarshal(out, &reply) != nil || reply.ServedBy != bs[0].addr {
+		t.Errorf("round trip over TLS: status %d body %q", status, out)
+	}
+
+	// The health service is also served on the TLS ext_proc port, where
+	// Envoy's gRPC health check of the ext_proc cluster goes.
+	hc := healthpb.NewHealthClient(p.dial(t))
+	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	defer cancel()
+	if r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: extproc.ServiceName}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health of %s over TLS: %v %v", extproc.ServiceName, r, err)
+	}
+
+	plain, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	pctx, pcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer pcancel()
+	if ex, err := extprocclient.New(plain, extprocclient.Options{}).Start(pctx, spec(tokens(8, 2))); err == nil {
+		ex.Close()
+		t.Error("a plaintext client got an answer from the TLS port")
+	}
+}
+
+// TestHealthServices: every health service name of SPEC §7 answers
+// SERVING on the health port of a ready picker.
+func TestHealthServices(t *testing.T) {
+	checkGoroutines(t)
+	p := startEPP(t, eppOptions{})
+	conn, err := grpc.NewClient(p.healthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	defer cancel()
+	for _, name := range []string{"liveness", "readiness", extproc.ServiceName, "inference-extension"} {
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health %q: %v %v, want SERVING", name, r, err)
+		}
+	}
+}

@@ -1,0 +1,121 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/laneway-dev/laneway/internal/extprocclient"
+)
+
+// reloadedPolicy tightens standard's limit to 4 and adds a batch class.
+const reloadedPolicy = `
+default_policy_class: standard
+policy_classes:
+  - name: standard
+    queue_policy: fcfs
+    quantum: 1
+    prefill_busy_threshold: 100
+    request_queue_limit_per_worker: 4
+  - name: batch
+    queue_policy: fcfs
+    quantum: 1
+    prefill_busy_threshold: 100
+    request_queue_limit_per_worker: 8
+`
+
+// invalidPolicy has an unknown key, which the strict loader rejects.
+const invalidPolicy = `
+policy_classes:
+  - name: standard
+    queue_policy: fcfs
+    quantum: 1
+    prefill_busy_threshold: 100
+    request_queue_limit_per_worker: 1
+    surprise: true
+`
+
+// TestPolicyReload changes the policy file while requests are queued: the
+// new classes and limits apply, the queued requests keep their places and
+// are all served, and a later invalid file is logged and ignored.
+func TestPolicyReload(t *testing.T) {
+	checkGoroutines(t)
+	bs := startBackends(t, 1)
+	path := writePolicy(t, busyPolicy)
+	p := startEPP(t, eppOptions{endpoints: addrs(bs), policy: path, args: []string{"--policy-poll-interval=20ms"}})
+	c := p.client(t, extprocclient.Options{})
+
+	holder := mustStart(t, c, spec(tokens(500, 0)))
+	mustRoute(t, holder)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	released := make(chan started, 8)
+	queued := 0
+	enqueue := func(class string, wantPending float64) {
+		t.Helper()
+		var hs []string
+		if class != "standard" {
+			hs = []string{"x-laneway-policy-class", class}
+		}
+		startInto(ctx, c, class, spec(tokens(150, 100+queued), hs...), released)
+		queued++
+		p.waitMetric(t, wantPending, "dynamo_frontend_router_queue_pending_requests", "policy_class", class)
+	}
+	for i := 1; i <= 3; i++ {
+		enqueue("standard", float64(i))
+	}
+
+	replaceFile(t, path, reloadedPolicy)
+	waitFor(t, func() bool {
+		_, found := metricSum(p.scrape(t), "dynamo_frontend_router_queue_pending_requests", "policy_class", "batch")
+		return found
+	}, func() string { return "the batch class never appeared in the metrics" })
+	if n := p.metric(t, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); n != 3 {
+		t.Fatalf("standard pending after reload = %v, want the 3 queued before", n)
+	}
+	enqueue("standard", 4)
+	enqueue("batch", 1)
+	overLimit := func(wantLimit float64) {
+		t.Helper()
+		ir := immediate(t, mustStart(t, c, spec(tokens(150, 999))), http.StatusTooManyRequests, "queue_limit")
+		var body struct {
+			Details struct {
+				PolicyClass string  `json:"policy_class"`
+				Limit       float64 `json:"limit"`
+			} `json:"details"`
+		}
+		if err := json.Unmarshal(ir.Body, &body); err != nil || body.Details.PolicyClass != "standard" || body.Details.Limit != wantLimit {
+			t.Fatalf("429 body %s (%v): want standard's limit %v", ir.Body, err, wantLimit)
+		}
+	}
+	overLimit(4)
+
+	replaceFile(t, path, invalidPolicy)
+	waitFor(t, func() bool { return strings.Contains(p.logs.String(), "policy file rejected") },
+		func() string { return "the invalid policy file was never reported" })
+	overLimit(4) // not 1: the old policy stays in force
+	fams := p.scrape(t)
+	if n, _ := metricSum(fams, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); n != 4 {
+		t.Errorf("standard pending = %v, want 4", n)
+	}
+	if n, found := metricSum(fams, "dynamo_frontend_router_queue_pending_requests", "policy_class", "batch"); !found || n != 1 {
+		t.Errorf("batch pending = %v (present %v), want 1", n, found)
+	}
+
+	// Nothing was lost: every queued request is served.
+	served := map[string]int{}
+	for i := 0; i < queued; i++ {
+		completeStream(t, holder)
+		next := await(t, released)
+		mustRoute(t, next.ex)
+		served[next.name]++
+		holder = next.ex
+	}
+	completeStream(t, holder)
+	if served["standard"] != 4 || served["batch"] != 1 {
+		t.Errorf("served %v, want 4 standard and 1 batch", served)
+	}
+	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests")
+}
