@@ -8,7 +8,7 @@ import (
 	"github.com/laneway-dev/laneway/internal/extprocclient"
 )
 
-func i32(v int32) *int32    { return &v }
+func i32(v int32) *int32   { return &v }
 func u32(v uint32) *uint32 { return &v }
 
 // TestPriorityOrder queues requests behind a busy endpoint in a known
