@@ -218,31 +218,50 @@ func printTable(w io.Writer, outs []Outcome) {
 	fmt.Fprintln(w, "reference router (4 runs): 512:512 -> 159-161 : 159-161, 0-3 left; 512:128 -> 254-257 : 63-66, 237-240 left")
 }
 
-// progress draws a one-line bar, redrawn in place.
+// progress draws a one-line bar, redrawn in place on a terminal; into a
+// file or pipe (CI logs) it writes a line every 10%.
 type progress struct {
-	w     io.Writer
-	label string
-	last  int
+	w        io.Writer
+	label    string
+	last     int
+	terminal bool
 }
 
-func newProgress(w io.Writer, label string) *progress { return &progress{w: w, label: label, last: -1} }
+func newProgress(w io.Writer, label string) *progress {
+	p := &progress{w: w, label: label, last: -1}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			p.terminal = true
+		}
+	}
+	return p
+}
 
 func (p *progress) update(done, total int) {
 	if p.w == nil {
 		return
 	}
 	pct := done * 100 / total
-	if pct == p.last {
+	step := pct
+	if !p.terminal {
+		step = pct / 10 * 10
+	}
+	if step == p.last {
 		return
 	}
-	p.last = pct
+	p.last = step
 	const width = 40
 	fill := done * width / total
-	fmt.Fprintf(p.w, "\r  %s [%s%s] %3d%% %d/%d", p.label, strings.Repeat("#", fill), strings.Repeat(".", width-fill), pct, done, total)
+	bar := fmt.Sprintf("  %s [%s%s] %3d%% %d/%d", p.label, strings.Repeat("#", fill), strings.Repeat(".", width-fill), pct, done, total)
+	if p.terminal {
+		fmt.Fprint(p.w, "\r"+bar)
+	} else {
+		fmt.Fprintln(p.w, bar)
+	}
 }
 
 func (p *progress) finish() {
-	if p.w != nil {
+	if p.w != nil && p.terminal {
 		fmt.Fprintln(p.w)
 	}
 }
