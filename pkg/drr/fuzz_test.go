@@ -295,7 +295,7 @@ func (w *fzWorld) headsBlocked(c int) bool {
 	if cl.n == 0 {
 		return false
 	}
-	if len(cl.shared.items) > 0 && w.verdict(cl.shared.items[0]) != Blocked {
+	if len(cl.shared.items) > 0 && w.verdict(cl.shared.head()) != Blocked {
 		return false
 	}
 	for it := range w.live {
@@ -342,8 +342,8 @@ func (w *fzWorld) pop() Outcome {
 			}
 		}
 		for c, cl := range s.classes {
-			if len(cl.shared.items) > 0 && w.verdict(cl.shared.items[0]) != Blocked {
-				t.Fatalf("Pop = None with class %d shared head %v", c, w.verdict(cl.shared.items[0]))
+			if len(cl.shared.items) > 0 && w.verdict(cl.shared.head()) != Blocked {
+				t.Fatalf("Pop = None with class %d shared head %v", c, w.verdict(cl.shared.head()))
 			}
 		}
 		return out

@@ -1,13 +1,67 @@
 package drr
 
-// The heaps are written by hand over slices of pointers: container/heap
-// would box every push and pop through an interface, and the hot path of
-// Pop must not allocate.
+import (
+	"math"
+	"math/bits"
+)
+
+// The heaps are written by hand: container/heap would box every push and
+// pop through an interface, and the hot path of Pop must not allocate.
+//
+// A heap slot carries a 64-bit prefix of its item's order key next to the
+// pointer, so most comparisons read only the slice and never touch the
+// items: with 100k queued requests, chasing two item pointers per level of
+// a sift is what costs (cache misses), not the comparison itself.
+
+// slot is one heap entry: the item and its key prefix (see hotKey).
+type slot struct {
+	hot uint64
+	it  *Item
+}
+
+// hotKey returns a prefix of the order key: hotKey(a) < hotKey(b) implies
+// a goes before b, and equal prefixes fall back to the full comparison. It
+// packs the strict tier (4 bits; tiers >= 15 share the prefix 0 and are
+// left to the full comparison), the no-deadline bit, then 59 bits of the
+// deadline or the policy key, coarsened monotonically.
+func hotKey(it *Item) uint64 {
+	if it.strict >= 15 {
+		return 0
+	}
+	hot := uint64(15-it.strict) << 60
+	var v uint64
+	switch {
+	case it.hasDue:
+		v = uint64(it.due) ^ (1 << 63) // signed to unsigned order
+	case it.policy == WSPT:
+		hot |= 1 << 59
+		// cost/weight ascending is weight/cost descending: floor of
+		// cost·2^32/weight, saturated (both steps keep the order).
+		hi, lo := it.cost>>32, it.cost<<32
+		if w := uint64(it.pk); hi >= w {
+			v = math.MaxUint64
+		} else {
+			v, _ = bits.Div64(hi, lo, w)
+		}
+	default:
+		hot |= 1 << 59
+		v = uint64(it.pk) ^ (1 << 63)
+	}
+	return hot | v>>5
+}
+
+// ahead reports whether slot a goes before slot b.
+func ahead(a, b *slot) bool {
+	if a.hot != b.hot {
+		return a.hot < b.hot
+	}
+	return before(a.it, b.it)
+}
 
 // lane is one ordered heap of a class: its shared heap, or the exact lane
 // of one pinned endpoint.
 type lane struct {
-	items []*Item
+	items []slot
 	cls   *class
 	// ep is the endpoint of an exact lane; nil for the shared heap.
 	ep *epState
@@ -35,10 +89,13 @@ type epState struct {
 // the last EndpointChanged of its endpoint.
 func (l *lane) verdictCached() bool { return l.ready && l.readyGen == l.ep.gen }
 
+// head returns the first item of a non-empty lane.
+func (l *lane) head() *Item { return l.items[0].it }
+
 func (l *lane) push(it *Item) {
 	it.home = l
 	it.idx = int32(len(l.items))
-	l.items = append(l.items, it)
+	l.items = append(l.items, slot{hot: hotKey(it), it: it})
 	l.up(len(l.items) - 1)
 }
 
@@ -48,7 +105,7 @@ func (l *lane) removeAt(i int) {
 	if i != n {
 		l.swap(i, n)
 	}
-	l.items[n] = nil // let the item go
+	l.items[n] = slot{} // let the item go
 	l.items = l.items[:n]
 	if i != n {
 		if !l.down(i) {
@@ -60,15 +117,15 @@ func (l *lane) removeAt(i int) {
 func (l *lane) swap(i, j int) {
 	h := l.items
 	h[i], h[j] = h[j], h[i]
-	h[i].idx = int32(i)
-	h[j].idx = int32(j)
+	h[i].it.idx = int32(i)
+	h[j].it.idx = int32(j)
 }
 
 func (l *lane) up(j int) {
 	h := l.items
 	for j > 0 {
 		i := (j - 1) / 2
-		if !before(h[j], h[i]) {
+		if !ahead(&h[j], &h[i]) {
 			break
 		}
 		l.swap(i, j)
@@ -86,10 +143,10 @@ func (l *lane) down(i0 int) bool {
 		if j >= n || j < 0 {
 			break
 		}
-		if r := j + 1; r < n && before(h[r], h[j]) {
+		if r := j + 1; r < n && ahead(&h[r], &h[j]) {
 			j = r
 		}
-		if !before(h[j], h[i]) {
+		if !ahead(&h[j], &h[i]) {
 			break
 		}
 		l.swap(i, j)
@@ -138,7 +195,7 @@ func (c *class) candUp(j int) {
 	h := c.cand
 	for j > 0 {
 		i := (j - 1) / 2
-		if !before(h[j].items[0], h[i].items[0]) {
+		if !ahead(&h[j].items[0], &h[i].items[0]) {
 			break
 		}
 		c.candSwap(i, j)
@@ -155,10 +212,10 @@ func (c *class) candDown(i0 int) bool {
 		if j >= n || j < 0 {
 			break
 		}
-		if r := j + 1; r < n && before(h[r].items[0], h[j].items[0]) {
+		if r := j + 1; r < n && ahead(&h[r].items[0], &h[j].items[0]) {
 			j = r
 		}
-		if !before(h[j].items[0], h[i].items[0]) {
+		if !ahead(&h[j].items[0], &h[i].items[0]) {
 			break
 		}
 		c.candSwap(i, j)

@@ -453,7 +453,7 @@ func ratioLess(a, b, c, d uint64) bool {
 // ready exact-lane head), or an Unroutable head to hand back.
 func (s *Scheduler) candidate(c *class, p Probe) (best, unroutable *Item) {
 	if len(c.shared.items) > 0 {
-		h := c.shared.items[0]
+		h := c.shared.head()
 		switch p.Shared(c.idx, h) {
 		case Ready:
 			best = h
@@ -468,7 +468,7 @@ func (s *Scheduler) candidate(c *class, p Probe) (best, unroutable *Item) {
 			case Ready:
 				l.ready, l.readyGen = true, l.ep.gen
 			case Unroutable:
-				return nil, l.items[0]
+				return nil, l.head()
 			default: // Blocked: park until the endpoint changes
 				c.candRemoveAt(0)
 				l.ready = false
@@ -476,7 +476,7 @@ func (s *Scheduler) candidate(c *class, p Probe) (best, unroutable *Item) {
 				continue
 			}
 		}
-		if h := l.items[0]; best == nil || before(h, best) {
+		if h := l.head(); best == nil || before(h, best) {
 			best = h
 		}
 		break
@@ -504,10 +504,10 @@ func (s *Scheduler) dispatch(c *class, it *Item) *Item {
 func (c *class) nextAffordable() bool {
 	var h *Item
 	if len(c.shared.items) > 0 {
-		h = c.shared.items[0]
+		h = c.shared.head()
 	}
 	if len(c.cand) > 0 {
-		if lh := c.cand[0].items[0]; h == nil || before(lh, h) {
+		if lh := c.cand[0].head(); h == nil || before(lh, h) {
 			h = lh
 		}
 	}
@@ -641,9 +641,13 @@ func (s *Scheduler) SetClasses(classes []ClassConfig, classify func(*Item) int) 
 func (s *Scheduler) all() []*Item {
 	out := make([]*Item, 0, s.n)
 	for _, c := range s.classes {
-		out = append(out, c.shared.items...)
+		for _, sl := range c.shared.items {
+			out = append(out, sl.it)
+		}
 		for _, l := range c.lanes {
-			out = append(out, l.items...)
+			for _, sl := range l.items {
+				out = append(out, sl.it)
+			}
 		}
 	}
 	return out
