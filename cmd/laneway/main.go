@@ -51,6 +51,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitUsage
 }
 
+// newFlagSet makes a subcommand's flag set that reports errors to the
+// caller instead of printing its own usage.
+func newFlagSet(name string, stderr io.Writer) *pflag.FlagSet {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {}
+	return fs
+}
+
+// usageError prints what was wrong with a command line, then the usage.
+func usageError(stderr io.Writer, cmd string, err error) {
+	if err != nil {
+		fmt.Fprintf(stderr, "laneway %s: %v\n", cmd, err)
+	}
+	fmt.Fprint(stderr, usage)
+}
+
 // load reads a policy file and prints its problems, one per line.
 func load(path string, stderr io.Writer) (*policy.Config, int) {
 	cfg, err := policy.LoadFile(path)
@@ -70,10 +87,9 @@ func load(path string, stderr io.Writer) (*policy.Config, int) {
 }
 
 func runValidate(args []string, stdout, stderr io.Writer) int {
-	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("validate", stderr)
 	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
-		fmt.Fprint(stderr, usage)
+		usageError(stderr, "validate", err)
 		return exitUsage
 	}
 	cfg, code := load(fs.Arg(0), stderr)
@@ -142,15 +158,15 @@ func bucketMin(cfg *policy.Config, in policy.ClassInfo) int64 {
 }
 
 func runConvert(args []string, stdout, stderr io.Writer) int {
-	fs := pflag.NewFlagSet("convert", pflag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("convert", stderr)
 	pool := fs.String("pool", "", "name of the InferencePool the policy is for (required)")
 	ns := fs.String("namespace", "", "namespace of the pool and the objects (default: none, kubectl's current namespace)")
-	if err := fs.Parse(args); err != nil || fs.NArg() != 1 || *pool == "" {
-		if *pool == "" {
-			fmt.Fprintln(stderr, "laneway convert: --pool is required")
-		}
-		fmt.Fprint(stderr, usage)
+	err := fs.Parse(args)
+	if err == nil && fs.NArg() == 1 && *pool == "" {
+		err = errors.New("--pool is required")
+	}
+	if err != nil || fs.NArg() != 1 {
+		usageError(stderr, "convert", err)
 		return exitUsage
 	}
 	cfg, code := load(fs.Arg(0), stderr)

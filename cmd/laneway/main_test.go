@@ -1,0 +1,289 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/laneway-dev/laneway/api/v1alpha1"
+	"github.com/laneway-dev/laneway/internal/testenv"
+	"github.com/laneway-dev/laneway/pkg/policy"
+)
+
+const samples = "../../config/samples"
+
+var sampleNames = []string{"cache-buckets", "premium-regular", "single-class", "models"}
+
+// runCLI runs the command in-process and returns its exit code and output.
+func runCLI(args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := run(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func writeFile(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		code     int
+		stdout   string
+		stderrIn []string
+	}{
+		{
+			name: "cache buckets sample",
+			args: []string{"validate", filepath.Join(samples, "policy-cache-buckets.yaml")},
+			code: 0,
+			stdout: `class "cached": family standard, bucket cached (uncached >= 0), policy wspt, quantum 2048, no busy threshold (never queues)
+class "uncached": family standard, bucket uncached (uncached >= 3072), policy fcfs, quantum 512, no busy threshold (never queues)
+`,
+		},
+		{
+			name: "premium regular sample",
+			args: []string{"validate", filepath.Join(samples, "policy-premium-regular.yaml")},
+			code: 0,
+			stdout: `class "premium": family premium, bucket all (uncached >= 0), policy fcfs, quantum 512, threshold 1536 tokens, limit requests 1024/worker
+class "regular": family regular, bucket all (uncached >= 0), policy fcfs, quantum 128, threshold 1536 tokens, limit requests 1024/worker
+`,
+		},
+		{
+			name:   "no policy",
+			args:   []string{"validate", "EMPTY"},
+			code:   0,
+			stdout: "class \"default\": synthetic (no policy classes), policy fcfs, quantum 1, no busy threshold (never queues)\n",
+		},
+		{
+			name: "every error, one per line",
+			args: []string{"validate", "INVALID"},
+			code: 1,
+			stderrIn: []string{
+				"2 problem(s):\n",
+				"\nclass \"a\": quantum must be > 0 (got 0)\n",
+				"\npolicy family \"f\" has no class for cache bucket \"b\"\n",
+			},
+		},
+		{"missing file", []string{"validate", "/nonexistent/policy.yaml"}, 1, "", []string{"laneway: read policy file: open /nonexistent/policy.yaml"}},
+		{"no file argument", []string{"validate"}, 2, "", []string{"usage:"}},
+		{"two file arguments", []string{"validate", "a", "b"}, 2, "", []string{"usage:"}},
+		{"unknown command", []string{"frobnicate"}, 2, "", []string{`unknown command "frobnicate"`}},
+		{"no command", nil, 2, "", []string{"usage:"}},
+		{"help", []string{"help"}, 0, usage, nil},
+	}
+	empty := writeFile(t, "")
+	invalid := writeFile(t, `
+default_policy_family: f
+uncached_isl_buckets: [{min_tokens: 0, bucket: a}, {min_tokens: 10, bucket: b}]
+policy_classes: [{name: a, policy_family: f, cache_bucket: a, quantum: 0}]
+`)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for i, a := range tt.args {
+				switch a {
+				case "EMPTY":
+					tt.args[i] = empty
+				case "INVALID":
+					tt.args[i] = invalid
+				}
+			}
+			code, stdout, stderr := runCLI(tt.args...)
+			if code != tt.code {
+				t.Errorf("exit %d, want %d (stderr %q)", code, tt.code, stderr)
+			}
+			if stdout != tt.stdout {
+				t.Errorf("stdout:\n%s\nwant:\n%s", stdout, tt.stdout)
+			}
+			for _, s := range tt.stderrIn {
+				if !strings.Contains(stderr, s) {
+					t.Errorf("stderr %q lacks %q", stderr, s)
+				}
+			}
+		})
+	}
+}
+
+func TestValidateModelsSample(t *testing.T) {
+	code, stdout, stderr := runCLI("validate", filepath.Join(samples, "policy-models.yaml"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if len(lines) != 7 {
+		t.Fatalf("%d lines, want one per class (7):\n%s", len(lines), stdout)
+	}
+	for i, want := range map[int]string{
+		0: `class "interactive-short": family interactive, bucket short (uncached >= 0), policy wspt, quantum 4096, threshold 2048 tokens, busy_worker_ratio 0.5, max queue wait 30s`,
+		3: `class "background-long": family background, bucket long (uncached >= 2048), policy edf, quantum 512, threshold 0.5 × max_num_batched_tokens, limit raw_isl_tokens 65536/worker, limit cached_tokens 131072/worker`,
+		4: `class "batch": explicit, policy fcfs, quantum 256, threshold 1024 tokens, limit requests 0/worker`,
+		6: `model "meta-llama/Llama-3.1-8B-Instruct": class "gold": explicit, policy fcfs, quantum 4, threshold 1.5 × max_num_batched_tokens`,
+	} {
+		if lines[i] != want {
+			t.Errorf("line %d:\n got %s\nwant %s", i, lines[i], want)
+		}
+	}
+}
+
+// TestConvertSamplesInSync keeps config/samples/objects equal to what
+// convert makes of the YAML samples.
+func TestConvertSamplesInSync(t *testing.T) {
+	for _, name := range sampleNames {
+		t.Run(name, func(t *testing.T) {
+			code, stdout, stderr := runCLI("convert", filepath.Join(samples, "policy-"+name+".yaml"), "--pool", "llm")
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+			committed, err := os.ReadFile(filepath.Join(samples, "objects", "policy-"+name+".yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stdout != string(committed) {
+				t.Errorf("config/samples/objects/policy-%s.yaml is stale; regenerate it with laneway convert:\n%s", name, stdout)
+			}
+		})
+	}
+}
+
+func TestConvertErrors(t *testing.T) {
+	sample := filepath.Join(samples, "policy-cache-buckets.yaml")
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{"missing --pool", []string{"convert", sample}, 2, "", "--pool is required"},
+		{"missing file argument", []string{"convert", "--pool", "llm"}, 2, "", "usage:"},
+		{"unknown flag", []string{"convert", sample, "--pool", "llm", "--colour"}, 2, "", "unknown flag: --colour"},
+		{"invalid policy", []string{"convert", writeFile(t, "policy_classes: [{name: a}]"), "--pool", "llm"}, 1, "", `class "a": quantum must be > 0 (got 0)`},
+		{"no policy", []string{"convert", writeFile(t, ""), "--pool", "llm"}, 0,
+			"# No policy classes: every request goes to the synthetic class \"default\"; no objects are needed.\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := runCLI(tt.args...)
+			if code != tt.code || stdout != tt.stdout || !strings.Contains(stderr, tt.stderr) {
+				t.Errorf("exit %d stdout %q stderr %q; want exit %d stdout %q stderr containing %q", code, stdout, stderr, tt.code, tt.stdout, tt.stderr)
+			}
+		})
+	}
+}
+
+// TestConvertAppliesAndRoundTrips applies convert's output for each sample
+// to a real API server, reads the objects back and checks they make the
+// same model, resolving like the file.
+func TestConvertAppliesAndRoundTrips(t *testing.T) {
+	if _, err := testenv.AssetsDir(); errors.Is(err, testenv.ErrNoAssets) {
+		t.Skip(err.Error())
+	}
+	cfg, stop, err := testenv.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("stop envtest: %v", err)
+		}
+	})
+	scheme, err := testenv.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k8s, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, name := range sampleNames {
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join(samples, "policy-"+name+".yaml")
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "convert-" + name}}
+			if err := k8s.Create(ctx, ns); err != nil {
+				t.Fatal(err)
+			}
+			code, stdout, stderr := runCLI("convert", file, "--pool", "llm", "--namespace", ns.Name)
+			if code != 0 {
+				t.Fatalf("convert: exit %d: %s", code, stderr)
+			}
+			docs := strings.Split(stdout, "\n---\n")
+			for i, doc := range docs {
+				var obj unstructured.Unstructured
+				if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil {
+					t.Fatalf("document %d: %v", i, err)
+				}
+				if err := k8s.Create(ctx, &obj); err != nil {
+					t.Fatalf("apply document %d (%s %s): %v", i, obj.GetKind(), obj.GetName(), err)
+				}
+			}
+
+			var profiles v1alpha1.PolicyProfileList
+			var classes v1alpha1.PolicyClassList
+			sel := client.MatchingLabels{policy.PoolLabel: "llm"}
+			if err := k8s.List(ctx, &profiles, client.InNamespace(ns.Name), sel); err != nil {
+				t.Fatal(err)
+			}
+			if err := k8s.List(ctx, &classes, client.InNamespace(ns.Name), sel); err != nil {
+				t.Fatal(err)
+			}
+			if got := len(profiles.Items) + len(classes.Items); got != len(docs) {
+				t.Fatalf("read back %d objects, applied %d", got, len(docs))
+			}
+			oc := policy.CheckObjects(profiles.Items, classes.Items)
+			if len(oc.Problems) > 0 {
+				t.Fatalf("objects read back are invalid: %v", oc.Problems)
+			}
+			want, err := policy.LoadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := oc.Config.Canonical(), want.Canonical(); !reflect.DeepEqual(got, want) {
+				t.Fatalf("model from the API server differs from the file's:\n got %s\nwant %s", dump(got), dump(want))
+			}
+			fromFile, err := want.Compile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fromAPI, err := oc.Config.Compile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range []string{"", "meta-llama/Llama-3.1-8B-Instruct"} {
+				for _, h := range []string{"", "nope", "cached", "standard", "premium", "regular", "batch", "background", "gold", "silver"} {
+					for _, u := range []uint64{0, 2047, 2048, 3071, 3072} {
+						a, b := fromFile.Info[fromFile.Resolve(m, h, u)], fromAPI.Info[fromAPI.Resolve(m, h, u)]
+						if a != b {
+							t.Errorf("Resolve(%q, %q, %d): file %+v, API %+v", m, h, u, a, b)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func dump(c *policy.Config) string {
+	out, err := yaml.Marshal(c)
+	if err != nil {
+		return fmt.Sprintf("%+v", c)
+	}
+	return string(out)
+}
