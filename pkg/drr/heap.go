@@ -112,7 +112,15 @@ func (l *lane) removeAt(i int) {
 			l.up(i)
 		}
 	}
+	// Give back the memory of a burst once the heap is mostly empty; the
+	// copy is amortised over the removals that emptied it.
+	if c := cap(l.items); c > shrinkMinCap && n < c/4 {
+		l.items = append(make([]slot, 0, 2*n), l.items...)
+	}
 }
+
+// shrinkMinCap is the heap capacity below which a heap never shrinks.
+const shrinkMinCap = 1024
 
 func (l *lane) swap(i, j int) {
 	h := l.items
