@@ -329,6 +329,12 @@ func (rs *response) stream(w http.ResponseWriter, ctx context.Context) {
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	flusher, _ := w.(http.Flusher)
+	// Headers go out at once, as vLLM's streaming responses do: a gateway
+	// sees the response start while the request still waits or prefills,
+	// and only the first data chunk marks the first token.
+	if flusher != nil {
+		flusher.Flush()
+	}
 	obj := "text_completion"
 	if rs.chat {
 		obj = "chat.completion.chunk"
