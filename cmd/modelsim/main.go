@@ -1,7 +1,3 @@
-// Command modelsim is a vLLM-compatible model-server simulator: the OpenAI
-// completions API with SSE streaming, vLLM's Prometheus metric names, and a
-// timing model of continuous batching and prefix caching (see package
-// internal/modelsim). It lets the picker run end to end without a GPU.
 package main
 
 import (
@@ -21,13 +17,17 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "modelsim:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+// run parses flags and serves until ctx ends.
+func run(ctx context.Context, args []string) error {
 	cfg := modelsim.DefaultConfig()
 	fs := pflag.NewFlagSet("modelsim", pflag.ContinueOnError)
 	cfg.AddFlags(fs)
@@ -50,8 +50,6 @@ func run(args []string) error {
 		_ = ln.Close()
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
 	logStart(log, srv, ln, cfg)
 	err = srv.Serve(ctx, ln)
 	log.Info("stopped")

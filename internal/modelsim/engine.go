@@ -24,15 +24,22 @@ const (
 // publishes progress, so a reader that saw a token count sees the times and
 // cache numbers that go with it.
 type Seq struct {
-	// Immutable after Submit.
-	ID           uint64
-	Priority     int
+	// ID numbers requests from 1 in order of arrival.
+	ID uint64
+	// Priority is the request's priority field (lower runs first under
+	// the priority policy).
+	Priority int
+	// PromptTokens is the prompt length in tokens.
 	PromptTokens int
-	MaxTokens    int
-	LoRA         string // adapter name, or ""
-	Arrival      time.Time
-	hashes       []uint64 // full prompt blocks
-	order        uint64   // arrival sequence
+	// MaxTokens is the number of tokens the request generates.
+	MaxTokens int
+	// LoRA is the adapter the request names, or "".
+	LoRA string
+	// Arrival is when the request reached the server.
+	Arrival time.Time
+
+	hashes []uint64 // full prompt blocks
+	order  uint64   // arrival sequence
 
 	// Written by the engine before the progress store that reveals them.
 	cachedTokens int
@@ -82,9 +89,9 @@ func less(a, b *Seq, byPriority bool) bool {
 	return a.order < b.order
 }
 
-// Engine is the simulated inference engine: one goroutine (Run) owns the
-// queues, the KV cache and the clock of steps; Submit and Abort hand it work
-// through a mutex-guarded inbox.
+// Engine is the simulated inference engine: one goroutine (run, started by
+// Server.Serve) owns the queues, the KV cache and the clock of steps; Submit
+// and Abort hand it work through a mutex-guarded inbox.
 type Engine struct {
 	cfg     Config
 	m       *metrics
@@ -104,7 +111,7 @@ type Engine struct {
 	waitingN atomic.Int64
 	runningN atomic.Int64
 
-	// Owned by Run.
+	// Owned by run.
 	waiting    []*Seq // sorted by less
 	running    []*Seq // in admission order
 	pool       *blockPool
@@ -113,8 +120,8 @@ type Engine struct {
 	loraLabels string
 }
 
-// NewEngine returns an engine; start it with Run.
-func NewEngine(cfg Config, m *metrics, records *recordRing) *Engine {
+// newEngine returns an engine; Server.Serve runs it.
+func newEngine(cfg Config, m *metrics, records *recordRing) *Engine {
 	return &Engine{
 		cfg:     cfg,
 		m:       m,
@@ -129,10 +136,14 @@ func (e *Engine) MaxRunning() int { return int(e.maxRunning.Load()) }
 
 // Request is what Submit needs to know about a request.
 type Request struct {
-	Tokens    []uint32 // prompt token ids (only hashed, not kept)
+	// Tokens are the prompt's token ids; they are hashed, not kept.
+	Tokens []uint32
+	// MaxTokens is how many tokens to generate (at least 1).
 	MaxTokens int
-	Priority  int
-	LoRA      string
+	// Priority orders the waiting queue under the priority policy.
+	Priority int
+	// LoRA names the adapter, or is "" for the base model.
+	LoRA string
 	// Arrival is when the request reached the server (zero: now), so
 	// latency metrics include parsing and tokenization, as vLLM's do.
 	Arrival time.Time
@@ -190,9 +201,9 @@ func (e *Engine) kick() {
 	}
 }
 
-// Run executes steps until ctx ends, then aborts every request still in the
+// run executes steps until ctx ends, then aborts every request still in the
 // engine so their handlers return.
-func (e *Engine) Run(ctx context.Context) {
+func (e *Engine) run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer e.stop()
@@ -388,7 +399,7 @@ func (e *Engine) end(s *Seq, state int32, reason string) {
 	e.records.add(recordOf(s, reason))
 }
 
-// stop aborts everything left once Run returns.
+// stop aborts everything left once run returns.
 func (e *Engine) stop() {
 	e.mu.Lock()
 	e.stopped = true

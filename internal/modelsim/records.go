@@ -8,18 +8,25 @@ import (
 // Record is one ended request as /debug/requests shows it. It carries no
 // prompt text.
 type Record struct {
-	ID           uint64    `json:"id"`
-	Priority     int       `json:"priority"`
-	LoRA         string    `json:"lora,omitempty"`
-	PromptTokens int       `json:"prompt_tokens"`
-	CachedTokens int       `json:"cached_tokens"`
-	MaxTokens    int       `json:"max_tokens"`
-	Generated    int       `json:"completion_tokens"`
-	Outcome      string    `json:"outcome"` // "length" or "abort"
-	Arrival      time.Time `json:"arrival"`
-	Start        time.Time `json:"start,omitzero"`
-	FirstToken   time.Time `json:"first_token,omitzero"`
-	Finish       time.Time `json:"finish"`
+	// ID, Priority, LoRA, PromptTokens and MaxTokens are the request's
+	// (see Seq).
+	ID           uint64 `json:"id"`
+	Priority     int    `json:"priority"`
+	LoRA         string `json:"lora,omitempty"`
+	PromptTokens int    `json:"prompt_tokens"`
+	MaxTokens    int    `json:"max_tokens"`
+	// CachedTokens is the prefix-cache hit at admission.
+	CachedTokens int `json:"cached_tokens"`
+	// Generated is the number of tokens produced.
+	Generated int `json:"completion_tokens"`
+	// Outcome is "length" (all max_tokens generated) or "abort".
+	Outcome string `json:"outcome"`
+	// Arrival, Start (admitted to a slot), FirstToken and Finish are the
+	// request's timeline; Start and FirstToken are zero if never reached.
+	Arrival    time.Time `json:"arrival"`
+	Start      time.Time `json:"start,omitzero"`
+	FirstToken time.Time `json:"first_token,omitzero"`
+	Finish     time.Time `json:"finish"`
 }
 
 func recordOf(s *Seq, outcome string) Record {

@@ -59,7 +59,7 @@ func New(cfg Config, log logr.Logger) (*Server, error) {
 	s.m = newMetrics(cfg,
 		func() float64 { return float64(e.waitingN.Load()) },
 		func() float64 { return float64(e.runningN.Load()) })
-	e = NewEngine(cfg, s.m, s.records)
+	e = newEngine(cfg, s.m, s.records)
 	s.engine = e
 	return s, nil
 }
@@ -80,14 +80,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	engCtx, stopEngine := context.WithCancel(context.Background())
 	engDone := make(chan struct{})
 	go func() {
-		s.engine.Run(engCtx)
+		s.engine.run(engCtx)
 		close(engDone)
 	}()
 	defer func() {
 		stopEngine()
 		<-engDone
 	}()
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -107,8 +107,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// Handler returns the HTTP routes.
-func (s *Server) Handler() http.Handler {
+// handler returns the HTTP routes; they need the engine that Serve runs.
+func (s *Server) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", s.completions(false))
 	mux.HandleFunc("POST /v1/chat/completions", s.completions(true))
@@ -407,9 +407,13 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 
 // DebugRequests is the body of GET /debug/requests.
 type DebugRequests struct {
-	Instance   string   `json:"instance"`
-	MaxRunning int      `json:"max_running"`
-	Records    []Record `json:"records"`
+	// Instance is the x-modelsim-instance name.
+	Instance string `json:"instance"`
+	// MaxRunning is the most requests that ever ran at once.
+	MaxRunning int `json:"max_running"`
+	// Records are the last ended requests, oldest first (?n= keeps the
+	// last n).
+	Records []Record `json:"records"`
 }
 
 func (s *Server) debugRequests(w http.ResponseWriter, r *http.Request) {
