@@ -257,6 +257,9 @@ func (e *extractor) promptValue() error {
 		return nil
 	}
 	first := e.peek()
+	if first != '"' && first != '[' {
+		return e.idList()
+	}
 	for {
 		c := e.peek()
 		if (c == '"') != (first == '"') || (c == '[') != (first == '[') {
@@ -294,6 +297,51 @@ func (e *extractor) tokenIDs() error {
 		e.i++
 		return nil
 	}
+	return e.idList()
+}
+
+// idList reads token ids up to and including the closing ']' of a non-empty
+// array. Its loop handles the plain "1, 2, 3" layout in registers; anything
+// else (leading zeros, fractions, other types, bad separators) goes to the
+// general per-element path, which validates and reports it.
+func (e *extractor) idList() error {
+	b := e.b
+	i := e.i
+	dst := e.dst
+	for {
+		for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\t' || b[i] == '\r') {
+			i++
+		}
+		s := i
+		var v uint64
+		for i < len(b) && b[i]-'0' < 10 && v <= (1<<32-1)/10 {
+			v = v*10 + uint64(b[i]-'0')
+			i++
+		}
+		if i == s || v > 1<<32-1 || (b[s] == '0' && i-s > 1) ||
+			(i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E' || b[i]-'0' < 10)) {
+			e.i, e.dst = s, dst
+			return e.idListSlow()
+		}
+		dst = append(dst, uint32(v))
+		for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\t' || b[i] == '\r') {
+			i++
+		}
+		if i < len(b) && b[i] == ',' {
+			i++
+			continue
+		}
+		e.i, e.dst = i, dst
+		if i < len(b) && b[i] == ']' {
+			e.i++
+			return nil
+		}
+		return e.syntax("want ',' or ']'")
+	}
+}
+
+// idListSlow is idList one element at a time.
+func (e *extractor) idListSlow() error {
 	for {
 		if err := e.tokenID(); err != nil {
 			return err
