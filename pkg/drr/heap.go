@@ -164,11 +164,25 @@ func (l *lane) down(i0 int) bool {
 }
 
 // The candidate index of a class: a heap of its exact lanes that are not
-// known to be blocked, ordered by their heads.
+// known to be blocked, ordered by their heads. Each entry repeats its
+// head's key prefix so that sifts rarely dereference lanes.
+
+// candSlot is one entry of a candidate index.
+type candSlot struct {
+	hot uint64 // l's head slot's hot key
+	l   *lane
+}
+
+func candAhead(a, b *candSlot) bool {
+	if a.hot != b.hot {
+		return a.hot < b.hot
+	}
+	return before(a.l.items[0].it, b.l.items[0].it)
+}
 
 func (c *class) candPush(l *lane) {
 	l.hidx = int32(len(c.cand))
-	c.cand = append(c.cand, l)
+	c.cand = append(c.cand, candSlot{hot: l.items[0].hot, l: l})
 	c.candUp(len(c.cand) - 1)
 }
 
@@ -177,8 +191,8 @@ func (c *class) candRemoveAt(i int) {
 	if i != n {
 		c.candSwap(i, n)
 	}
-	c.cand[n].hidx = -1
-	c.cand[n] = nil
+	c.cand[n].l.hidx = -1
+	c.cand[n] = candSlot{}
 	c.cand = c.cand[:n]
 	if i != n {
 		c.candFix(i)
@@ -187,6 +201,7 @@ func (c *class) candRemoveAt(i int) {
 
 // candFix restores the index after the head of the lane at i changed.
 func (c *class) candFix(i int) {
+	c.cand[i].hot = c.cand[i].l.items[0].hot
 	if !c.candDown(i) {
 		c.candUp(i)
 	}
@@ -195,15 +210,15 @@ func (c *class) candFix(i int) {
 func (c *class) candSwap(i, j int) {
 	h := c.cand
 	h[i], h[j] = h[j], h[i]
-	h[i].hidx = int32(i)
-	h[j].hidx = int32(j)
+	h[i].l.hidx = int32(i)
+	h[j].l.hidx = int32(j)
 }
 
 func (c *class) candUp(j int) {
 	h := c.cand
 	for j > 0 {
 		i := (j - 1) / 2
-		if !ahead(&h[j].items[0], &h[i].items[0]) {
+		if !candAhead(&h[j], &h[i]) {
 			break
 		}
 		c.candSwap(i, j)
@@ -220,10 +235,10 @@ func (c *class) candDown(i0 int) bool {
 		if j >= n || j < 0 {
 			break
 		}
-		if r := j + 1; r < n && ahead(&h[r].items[0], &h[j].items[0]) {
+		if r := j + 1; r < n && candAhead(&h[r], &h[j]) {
 			j = r
 		}
-		if !ahead(&h[j].items[0], &h[i].items[0]) {
+		if !candAhead(&h[j], &h[i]) {
 			break
 		}
 		c.candSwap(i, j)

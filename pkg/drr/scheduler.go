@@ -17,7 +17,7 @@ type class struct {
 	shared lane
 	lanes  map[EndpointID]*lane
 	// cand indexes the exact lanes not known to be blocked, by head.
-	cand []*lane
+	cand []candSlot
 
 	n      uint64 // queued requests
 	raw    sum128 // queued raw prompt tokens
@@ -462,7 +462,7 @@ func (s *Scheduler) candidate(c *class, p Probe) (best, unroutable *Item) {
 		}
 	}
 	for len(c.cand) > 0 {
-		l := c.cand[0]
+		l := c.cand[0].l
 		if !l.verdictCached() {
 			switch p.Lane(c.idx, l.ep.id) {
 			case Ready:
@@ -507,7 +507,7 @@ func (c *class) nextAffordable() bool {
 		h = c.shared.head()
 	}
 	if len(c.cand) > 0 {
-		if lh := c.cand[0].head(); h == nil || before(lh, h) {
+		if lh := c.cand[0].l.head(); h == nil || before(lh, h) {
 			h = lh
 		}
 	}
