@@ -1,0 +1,19 @@
+package controller
+
+// The picker's API access, all namespaced (the pool's namespace): the Role
+// in config/rbac is generated from these markers by `make manifests`, and a
+// test fails when the committed Role differs from them. The namespace
+// argument makes controller-gen emit a Role rather than a ClusterRole;
+// "default" is a placeholder that a kustomize overlay (or the chart)
+// replaces with the pool's namespace.
+//
+// Leases are for leader election (client-go's lease lock only gets,
+// creates and updates); events are the election's "became leader" records
+// and are best effort.
+//
+// +kubebuilder:rbac:groups="",namespace=default,resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups=inference.networking.k8s.io,namespace=default,resources=inferencepools,verbs=get;list;watch
+// +kubebuilder:rbac:groups=laneway.dev,namespace=default,resources=policyclasses;policyprofiles,verbs=get;list;watch
+// +kubebuilder:rbac:groups=laneway.dev,namespace=default,resources=policyclasses/status;policyprofiles/status,verbs=update;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=default,resources=leases,verbs=get;create;update
+// +kubebuilder:rbac:groups="",namespace=default,resources=events,verbs=create;patch

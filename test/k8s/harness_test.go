@@ -1,0 +1,786 @@
+package k8s
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/laneway-dev/laneway/api/v1alpha1"
+	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testenv"
+)
+
+// Bounds of the harness's waits: failure guards for events that should
+// come much sooner, not performance assertions (those are named where a
+// test makes one).
+const (
+	readyTimeout = 30 * time.Second
+	eventTimeout = 20 * time.Second
+	pollEvery    = 5 * time.Millisecond
+)
+
+// classHeader is Laneway's own policy-class request header (SPEC §6).
+const classHeader = "x-laneway-policy-class"
+
+// env is one test's namespace: the picker's RBAC from config/rbac applied
+// to it, and a kubeconfig authenticated as its ServiceAccount.
+type env struct {
+	t          *testing.T
+	ns         string
+	kubeconfig string
+	port       int // the pools' target port, free on the test's loopback IPs
+}
+
+// newEnv creates a namespace with the ServiceAccount, and unless noRole
+// also the Role and RoleBinding, of config/rbac.
+func newEnv(t *testing.T, noRole bool) *env {
+	t.Helper()
+	requireEnv(t)
+	e := &env{t: t, ns: "lw-" + rand.String(6), port: freePort(t)}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}}
+	if err := admin.Create(ctx(t), ns); err != nil {
+		t.Fatalf("create namespace: %v", err)
+	}
+	// envtest runs no namespace controller, so a deleted namespace's
+	// objects stay; each test's names are its own anyway.
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), ns) })
+	sa := &corev1.ServiceAccount{}
+	e.readRBAC("service_account.yaml", sa)
+	e.create(sa)
+	if !noRole {
+		e.applyRole()
+	}
+	e.kubeconfig = e.saKubeconfig(sa.Name)
+	return e
+}
+
+// applyRole creates the committed Role and RoleBinding in the namespace, as
+// a kustomize overlay setting `namespace:` would.
+func (e *env) applyRole() {
+	role := &rbacv1.Role{}
+	e.readRBAC("role.yaml", role)
+	rb := &rbacv1.RoleBinding{}
+	e.readRBAC("role_binding.yaml", rb)
+	for i := range rb.Subjects {
+		if rb.Subjects[i].Kind == rbacv1.ServiceAccountKind {
+			rb.Subjects[i].Namespace = e.ns
+		}
+	}
+	e.create(role)
+	e.create(rb)
+}
+
+// readRBAC reads one manifest of config/rbac into obj, in e's namespace.
+func (e *env) readRBAC(name string, obj client.Object) {
+	e.t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "config", "rbac", name))
+	if err != nil {
+		e.t.Fatalf("read config/rbac/%s: %v", name, err)
+	}
+	data = bytes.TrimPrefix(bytes.TrimSpace(data), []byte("---\n"))
+	if err := yaml.UnmarshalStrict(data, obj); err != nil {
+		e.t.Fatalf("parse config/rbac/%s: %v", name, err)
+	}
+	obj.SetNamespace(e.ns)
+}
+
+func (e *env) create(obj client.Object) {
+	e.t.Helper()
+	obj.SetNamespace(e.ns)
+	if err := admin.Create(ctx(e.t), obj); err != nil {
+		e.t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+	}
+}
+
+// saKubeconfig writes a kubeconfig holding a TokenRequest token of the
+// ServiceAccount, so the picker runs with exactly the Role's rights.
+func (e *env) saKubeconfig(sa string) string {
+	e.t.Helper()
+	tr, err := kube.CoreV1().ServiceAccounts(e.ns).CreateToken(ctx(e.t), sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("TokenRequest for ServiceAccount %s: %v", sa, err)
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["envtest"] = &clientcmdapi.Cluster{Server: adminCfg.Host, CertificateAuthorityData: adminCfg.CAData}
+	cfg.AuthInfos[sa] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
+	cfg.Contexts["sa"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: sa, Namespace: e.ns}
+	cfg.CurrentContext = "sa"
+	path := filepath.Join(e.t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		e.t.Fatalf("write kubeconfig: %v", err)
+	}
+	return path
+}
+
+// createPool creates an InferencePool selecting app=<app> on e.port (and
+// any extra ports).
+func (e *env) createPool(name, app string, extraPorts ...int) *inferencev1.InferencePool {
+	e.t.Helper()
+	p := &inferencev1.InferencePool{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	p.Spec.Selector.MatchLabels = map[inferencev1.LabelKey]inferencev1.LabelValue{"app": inferencev1.LabelValue(app)}
+	for _, port := range append([]int{e.port}, extraPorts...) {
+		p.Spec.TargetPorts = append(p.Spec.TargetPorts, inferencev1.Port{Number: inferencev1.PortNumber(port)})
+	}
+	p.Spec.EndpointPickerRef = &inferencev1.EndpointPickerRef{Name: "laneway-epp", Port: &inferencev1.Port{Number: 9002}}
+	e.create(p)
+	return p
+}
+
+// nextIP hands out loopback addresses unlikely to collide with other
+// suites' 127.0.0.x servers.
+var nextIP atomic.Int32
+
+func newIP() string {
+	n := nextIP.Add(1)
+	return fmt.Sprintf("127.86.%d.%d", n/250, n%250+1)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("probe a free port: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// pod is a model-server pod of the test: its object and the real HTTP
+// server listening on its IP.
+type pod struct {
+	name string
+	ip   string
+}
+
+// addr is the pod's endpoint on port.
+func (p pod) addr(port int) string { return net.JoinHostPort(p.ip, strconv.Itoa(port)) }
+
+// podSpec describes a pod to create.
+type podSpec struct {
+	app         string
+	ready       bool
+	annotations map[string]string
+	finalizers  []string
+	ports       []int // HTTP servers to start; default e.port
+}
+
+// addPod starts the pod's HTTP servers and creates the pod with its status
+// (IP, Running, Ready condition) written through the status subresource,
+// as a kubelet would.
+func (e *env) addPod(name string, s podSpec) pod {
+	e.t.Helper()
+	p := pod{name: name, ip: newIP()}
+	ports := s.ports
+	if len(ports) == 0 {
+		ports = []int{e.port}
+	}
+	for _, port := range ports {
+		startBackend(e.t, p.addr(port))
+	}
+	obj := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": s.app}, Annotations: s.annotations, Finalizers: s.finalizers},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "model-server", Image: "laneway.dev/none"}}},
+	}
+	e.create(obj)
+	obj.Status = corev1.PodStatus{
+		Phase:  corev1.PodRunning,
+		PodIP:  p.ip,
+		PodIPs: []corev1.PodIP{{IP: p.ip}},
+	}
+	obj.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: readyStatus(s.ready), LastTransitionTime: metav1.Now()}}
+	if err := admin.Status().Update(ctx(e.t), obj); err != nil {
+		e.t.Fatalf("write status of pod %s: %v", name, err)
+	}
+	return p
+}
+
+func readyStatus(ready bool) corev1.ConditionStatus {
+	if ready {
+		return corev1.ConditionTrue
+	}
+	return corev1.ConditionFalse
+}
+
+// updatePod applies change to the pod (status too when status is set),
+// retrying on conflicts, and returns when the API server has the change.
+func (e *env) updatePod(name string, status bool, change func(*corev1.Pod)) {
+	e.t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var p corev1.Pod
+		if err := admin.Get(ctx(e.t), client.ObjectKey{Namespace: e.ns, Name: name}, &p); err != nil {
+			return err
+		}
+		change(&p)
+		if status {
+			return admin.Status().Update(ctx(e.t), &p)
+		}
+		return admin.Update(ctx(e.t), &p)
+	})
+	if err != nil {
+		e.t.Fatalf("update pod %s: %v", name, err)
+	}
+}
+
+func (e *env) setReady(name string, ready bool) {
+	e.updatePod(name, true, func(p *corev1.Pod) {
+		p.Status.Conditions[0].Status = readyStatus(ready)
+		p.Status.Conditions[0].LastTransitionTime = metav1.Now()
+	})
+}
+
+func (e *env) deletePod(name string) {
+	e.t.Helper()
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns}}
+	if err := admin.Delete(ctx(e.t), p); err != nil {
+		e.t.Fatalf("delete pod %s: %v", name, err)
+	}
+}
+
+// startBackend serves a minimal OpenAI-style completion on addr until the
+// test ends.
+func startBackend(t *testing.T, addr string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("backend listen on %s: %v", addr, err)
+	}
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("content-type", "application/json")
+			w.Header().Set("x-served-by", addr)
+			_, _ = io.WriteString(w, `{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"ok"}]}`)
+		}),
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+}
+
+// ctx is a bounded context for one API call or wait of the test.
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	t.Cleanup(cancel)
+	return c
+}
+
+// eppProc is a running picker process.
+type eppProc struct {
+	t                     *testing.T
+	name                  string
+	grpc, health, metrics string
+	cmd                   *exec.Cmd
+	logs                  *logBuffer
+	exited                chan struct{}
+	conn, healthConn      *grpc.ClientConn
+	client                *extprocclient.Client
+	killed                bool
+	stopOnce              sync.Once
+	stopErr               error
+}
+
+// logBuffer keeps the picker's output for failure messages, and signals
+// the lines a test waits for.
+type logBuffer struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	watch []logWatch
+}
+
+type logWatch struct {
+	substr string
+	ch     chan string
+}
+
+func (b *logBuffer) line(l string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.buf.Len() < 4<<20 {
+		b.buf.WriteString(l)
+		b.buf.WriteByte('\n')
+	}
+	kept := b.watch[:0]
+	for _, w := range b.watch {
+		if strings.Contains(l, w.substr) {
+			w.ch <- l
+			continue
+		}
+		kept = append(kept, w)
+	}
+	b.watch = kept
+}
+
+// await returns a channel that receives the first later line containing
+// substr, or one already logged.
+func (b *logBuffer) await(substr string) <-chan string {
+	ch := make(chan string, 1)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, l := range strings.Split(b.buf.String(), "\n") {
+		if strings.Contains(l, substr) {
+			ch <- l
+			return ch
+		}
+	}
+	b.watch = append(b.watch, logWatch{substr, ch})
+	return ch
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.buf.String()
+	if len(s) > 64<<10 {
+		s = "...\n" + s[len(s)-64<<10:]
+	}
+	return s
+}
+
+// startEPP starts the picker in Kubernetes mode for pool, on ports chosen
+// by the kernel, and returns once it logged its addresses (not yet ready:
+// see waitReadiness). At cleanup a live picker gets SIGTERM and must exit
+// 0; on failure its log goes to the test log.
+func (e *env) startEPP(name, pool string, args ...string) *eppProc {
+	e.t.Helper()
+	p := &eppProc{t: e.t, name: name, logs: &logBuffer{}, exited: make(chan struct{})}
+	all := append([]string{
+		"--pool-name=" + pool,
+		"--pool-namespace=" + e.ns,
+		"--kubeconfig=" + e.kubeconfig,
+		"--bind-address=127.0.0.1",
+		"--grpc-port=0", "--grpc-health-port=0", "--metrics-port=0",
+		"--secure-serving=false",
+		"--drain-timeout=5s",
+		"--status-interval=200ms",
+	}, args...)
+	p.cmd = exec.Command(eppBinary, all...)
+	// Only the kubeconfig flag may say where the API server is.
+	p.cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "KUBECONFIG=") || strings.HasPrefix(kv, "POD_NAMESPACE=") || strings.HasPrefix(kv, "KUBERNETES_SERVICE_")
+	})
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	p.cmd.Stderr = p.cmd.Stdout
+	serving := p.logs.await("endpoint picker serving")
+	if err := p.cmd.Start(); err != nil {
+		e.t.Fatalf("exec %s: %v", eppBinary, err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			p.logs.line(sc.Text())
+		}
+		_ = p.cmd.Wait()
+		close(p.exited)
+	}()
+	e.t.Cleanup(func() {
+		if err := p.stop(); err != nil {
+			e.t.Errorf("%s shutdown: %v", name, err)
+		}
+		if e.t.Failed() {
+			e.t.Logf("%s log:\n%s", name, p.logs)
+		}
+	})
+	select {
+	case l := <-serving:
+		var fields struct{ GRPC, Health, Metrics string }
+		if err := json.Unmarshal([]byte(l), &fields); err != nil || fields.GRPC == "" {
+			e.t.Fatalf("%s: cannot read addresses from log line %q: %v", name, l, err)
+		}
+		p.grpc, p.health, p.metrics = fields.GRPC, fields.Health, fields.Metrics
+	case <-p.exited:
+		e.t.Fatalf("%s exited before serving: %v\n%s", name, p.cmd.ProcessState, p.logs)
+	case <-time.After(readyTimeout):
+		e.t.Fatalf("%s did not start within %s\n%s", name, readyTimeout, p.logs)
+	}
+	p.conn = dial(e.t, p.grpc)
+	p.healthConn = dial(e.t, p.health)
+	p.client = extprocclient.New(p.conn, extprocclient.Options{})
+	return p
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.5, MaxDelay: 200 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		}))
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// stop sends SIGTERM and requires exit status 0 within 15 s (a killed
+// picker only gets reaped).
+func (p *eppProc) stop() error {
+	p.stopOnce.Do(func() {
+		if p.killed {
+			<-p.exited
+			return
+		}
+		select {
+		case <-p.exited:
+		default:
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		select {
+		case <-p.exited:
+		case <-time.After(15 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+			p.stopErr = errors.New("did not exit within 15s of SIGTERM; killed")
+			return
+		}
+		if st := p.cmd.ProcessState; st == nil || !st.Success() {
+			p.stopErr = fmt.Errorf("exit status %v, want 0", st)
+		}
+	})
+	return p.stopErr
+}
+
+// kill sends SIGKILL: no drain, no Lease release.
+func (p *eppProc) kill() {
+	p.killed = true
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}
+
+// watchReadiness streams the readiness health status into the returned
+// channel (each change once) until the test ends.
+func (p *eppProc) watchReadiness() <-chan healthpb.HealthCheckResponse_ServingStatus {
+	ch := make(chan healthpb.HealthCheckResponse_ServingStatus, 16)
+	c, cancel := context.WithCancel(context.Background())
+	p.t.Cleanup(cancel)
+	stream, err := healthpb.NewHealthClient(p.healthConn).Watch(c, &healthpb.HealthCheckRequest{Service: "readiness"}, grpc.WaitForReady(true))
+	if err != nil {
+		p.t.Fatalf("%s: watch readiness: %v", p.name, err)
+	}
+	go func() {
+		defer close(ch)
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			ch <- m.GetStatus()
+		}
+	}()
+	return ch
+}
+
+// waitStatus reads statuses from ch until want, and returns when it came.
+func (p *eppProc) waitStatus(ch <-chan healthpb.HealthCheckResponse_ServingStatus, want healthpb.HealthCheckResponse_ServingStatus, limit time.Duration) time.Time {
+	p.t.Helper()
+	deadline := time.After(limit)
+	last := healthpb.HealthCheckResponse_UNKNOWN
+	for {
+		select {
+		case st, ok := <-ch:
+			if !ok {
+				p.t.Fatalf("%s: readiness stream ended at %v, waiting for %v\n%s", p.name, last, want, p.logs)
+			}
+			last = st
+			if st == want {
+				return time.Now()
+			}
+		case <-deadline:
+			p.t.Fatalf("%s: readiness %v, not %v, after %s\n%s", p.name, last, want, limit, p.logs)
+		}
+	}
+}
+
+// waitReady waits for readiness SERVING.
+func (p *eppProc) waitReady() {
+	p.t.Helper()
+	p.waitStatus(p.watchReadiness(), healthpb.HealthCheckResponse_SERVING, readyTimeout)
+}
+
+// request builds a completion request, optionally with a class and a
+// subset hint.
+func request(class string, subset ...string) extprocclient.RequestSpec {
+	s := extprocclient.RequestSpec{
+		Path:    "/v1/completions",
+		Headers: http.Header{"content-type": {"application/json"}},
+		Body:    []byte(`{"model":"m","prompt":"the quick brown fox jumps over the lazy dog","max_tokens":1}`),
+	}
+	if class != "" {
+		s.Headers.Set(classHeader, class)
+	}
+	if subset != nil {
+		s.Subset = &extprocclient.SubsetHint{Endpoints: subset}
+	}
+	return s
+}
+
+// start opens an exchange and waits for the picker's decision.
+func (p *eppProc) start(c context.Context, spec extprocclient.RequestSpec) *extprocclient.Exchange {
+	p.t.Helper()
+	ex, err := p.client.Start(c, spec)
+	if err != nil {
+		p.t.Fatalf("%s: ext_proc exchange: %v", p.name, err)
+	}
+	return ex
+}
+
+// routed requires a routed decision and returns the picked endpoint.
+func routed(t *testing.T, ex *extprocclient.Exchange) string {
+	t.Helper()
+	d := ex.Decision()
+	if !d.Routed() {
+		t.Fatalf("request answered %d (%s) %s, want routed", d.Immediate.Status, d.Immediate.Headers.Get("x-laneway-reason"), d.Immediate.Body)
+	}
+	if len(d.Endpoints) == 0 {
+		t.Fatal("routed decision without an endpoint")
+	}
+	return d.Endpoints[0]
+}
+
+// serve plays the gateway: the request goes to the picked endpoint's real
+// server and its answer back through the picker's response phases.
+func serve(t *testing.T, ex *extprocclient.Exchange) {
+	t.Helper()
+	defer ex.Close()
+	target := routed(t, ex)
+	resp, err := http.Post("http://"+target+"/v1/completions", "application/json", bytes.NewReader(ex.Decision().Body))
+	if err != nil {
+		t.Fatalf("upstream %s: %v", target, err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("upstream %s body: %v", target, err)
+	}
+	if got := resp.Header.Get("x-served-by"); got != target {
+		t.Fatalf("upstream answered as %q, want %q", got, target)
+	}
+	if _, _, err := ex.Respond(resp.StatusCode, http.Header{"content-type": {"application/json"}}, body); err != nil {
+		t.Fatalf("response phases: %v", err)
+	}
+}
+
+// scrape reads the picker's metrics.
+func (p *eppProc) scrape() map[string]*dto.MetricFamily {
+	p.t.Helper()
+	resp, err := http.Get("http://" + p.metrics + "/metrics")
+	if err != nil {
+		p.t.Fatalf("%s: scrape: %v", p.name, err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		p.t.Fatalf("%s: parse metrics: %v", p.name, err)
+	}
+	return fams
+}
+
+// metric sums the series of name whose labels include the given pairs.
+func (p *eppProc) metric(name string, labels ...string) float64 {
+	p.t.Helper()
+	f := p.scrape()[name]
+	if f == nil {
+		return 0
+	}
+	var sum float64
+	for _, m := range f.GetMetric() {
+		if hasLabels(m, labels) {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
+func hasLabels(m *dto.Metric, pairs []string) bool {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		ok := false
+		for _, l := range m.GetLabel() {
+			if l.GetName() == pairs[i] && l.GetValue() == pairs[i+1] {
+				ok = true
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// endpoints is the picker's current endpoint set (one gauge series each).
+func (p *eppProc) endpoints() []string {
+	f := p.scrape()["laneway_endpoint_active_prefill_tokens"]
+	var out []string
+	for _, m := range f.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "endpoint" {
+				out = append(out, l.GetValue())
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// waitEndpoints polls the metrics (the picker has no event to watch) until
+// the endpoint set is want, and returns the time since since. It fails the
+// test after limit.
+func (p *eppProc) waitEndpoints(since time.Time, limit time.Duration, want ...string) time.Duration {
+	p.t.Helper()
+	want = slices.Clone(want)
+	slices.Sort(want)
+	var got []string
+	for deadline := since.Add(limit); ; {
+		got = p.endpoints()
+		if slices.Equal(got, want) {
+			return time.Since(since)
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%s: endpoints %q after %s, want %q", p.name, got, limit, want)
+		}
+		time.Sleep(pollEvery)
+	}
+}
+
+// waitMetric polls until the metric equals want.
+func (p *eppProc) waitMetric(want float64, name string, labels ...string) {
+	p.t.Helper()
+	var got float64
+	for deadline := time.Now().Add(eventTimeout); time.Now().Before(deadline); time.Sleep(pollEvery) {
+		if got = p.metric(name, labels...); got == want {
+			return
+		}
+	}
+	p.t.Fatalf("%s: %s%v = %v, want %v", p.name, name, labels, got, want)
+}
+
+// policyClass builds an explicit fcfs class of pool; threshold nil never
+// queues.
+func policyClass(name, pool string, quantum int64, threshold *int64) *v1alpha1.PolicyClass {
+	return &v1alpha1.PolicyClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1alpha1.PolicyClassSpec{
+			PoolRef:              v1alpha1.PoolReference{Name: pool},
+			QueuePolicy:          v1alpha1.QueuePolicyFCFS,
+			Quantum:              quantum,
+			PrefillBusyThreshold: threshold,
+		},
+	}
+}
+
+// waitClass watches the PolicyClass until cond holds and returns it.
+func (e *env) waitClass(name string, what string, cond func(*v1alpha1.PolicyClass) bool) *v1alpha1.PolicyClass {
+	e.t.Helper()
+	wc, err := client.NewWithWatch(adminCfg, client.Options{Scheme: admin.Scheme()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	defer cancel()
+	var list v1alpha1.PolicyClassList
+	if err := wc.List(c, &list, client.InNamespace(e.ns)); err != nil {
+		e.t.Fatalf("list PolicyClasses: %v", err)
+	}
+	for i := range list.Items {
+		if list.Items[i].Name == name && cond(&list.Items[i]) {
+			return &list.Items[i]
+		}
+	}
+	w, err := wc.Watch(c, &v1alpha1.PolicyClassList{}, client.InNamespace(e.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
+	if err != nil {
+		e.t.Fatalf("watch PolicyClasses: %v", err)
+	}
+	defer w.Stop()
+	var last *v1alpha1.PolicyClass
+	for ev := range w.ResultChan() {
+		if pc, ok := ev.Object.(*v1alpha1.PolicyClass); ok && pc.Name == name {
+			last = pc
+			if cond(pc) {
+				return pc
+			}
+		}
+	}
+	e.t.Fatalf("PolicyClass %s: not %s within %s; last seen status %+v", name, what, eventTimeout, statusOf(last))
+	return nil
+}
+
+func statusOf(pc *v1alpha1.PolicyClass) any {
+	if pc == nil {
+		return nil
+	}
+	return pc.Status
+}
+
+// accepted returns a condition check: Accepted has status st and reason,
+// for the object's current generation.
+func accepted(st metav1.ConditionStatus, reason string) func(*v1alpha1.PolicyClass) bool {
+	return func(pc *v1alpha1.PolicyClass) bool {
+		for _, c := range pc.Status.Conditions {
+			if c.Type == v1alpha1.ConditionAccepted {
+				return c.Status == st && c.Reason == reason && c.ObservedGeneration == pc.Generation && pc.Status.ObservedGeneration == pc.Generation
+			}
+		}
+		return false
+	}
+}
+
+// acceptedCondition returns the class's Accepted condition.
+func acceptedCondition(pc *v1alpha1.PolicyClass) metav1.Condition {
+	for _, c := range pc.Status.Conditions {
+		if c.Type == v1alpha1.ConditionAccepted {
+			return c
+		}
+	}
+	return metav1.Condition{}
+}
+
+// isNotFound reports a NotFound API error.
+func isNotFound(err error) bool { return apierrors.IsNotFound(err) }

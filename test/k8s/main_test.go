@@ -1,0 +1,120 @@
+package k8s
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/laneway-dev/laneway/internal/testenv"
+)
+
+// Shared by every test: the API server (as cluster admin, for the test's
+// own writes) and the picker binary.
+var (
+	adminCfg   *rest.Config
+	admin      client.Client
+	kube       kubernetes.Interface
+	eppBinary  string
+	skipReason string // set when the envtest binaries are absent
+)
+
+// raceEPP builds the picker with the race detector, so a data race in the
+// controllers under these workloads fails the suite (the log shows it).
+var raceEPP = flag.Bool("epp-race", os.Getenv("LANEWAY_EPP_RACE") == "1", "build the epp binary with -race")
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "laneway-k8s-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "k8s suite: temp dir:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+
+	// The build and the API server start take seconds each; overlap them.
+	built := make(chan error, 1)
+	go func() {
+		var err error
+		eppBinary, err = buildEPP(dir, *raceEPP)
+		built <- err
+	}()
+	cfg, stop, err := testenv.Start()
+	if errors.Is(err, testenv.ErrNoAssets) {
+		<-built
+		skipReason = err.Error()
+		return m.Run()
+	}
+	if err != nil {
+		<-built
+		fmt.Fprintln(os.Stderr, "k8s suite:", err)
+		return 1
+	}
+	defer func() {
+		if err := stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "k8s suite: stop envtest:", err)
+		}
+	}()
+	if err := <-built; err != nil {
+		fmt.Fprintln(os.Stderr, "k8s suite:", err)
+		return 1
+	}
+	scheme, err := testenv.Scheme()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "k8s suite:", err)
+		return 1
+	}
+	adminCfg = cfg
+	if admin, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		fmt.Fprintln(os.Stderr, "k8s suite: admin client:", err)
+		return 1
+	}
+	if kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "k8s suite: clientset:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// requireEnv skips the test, in one line, when envtest is not available.
+func requireEnv(t *testing.T) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+}
+
+// buildEPP compiles ./cmd/epp of this module into dir.
+func buildEPP(dir string, race bool) (string, error) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	out := filepath.Join(dir, "epp")
+	args := []string{"build", "-o", out}
+	if race {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command(goBin, append(args, "./cmd/epp")...)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build ./cmd/epp: %w\n%s", err, b)
+	}
+	return out, nil
+}
