@@ -76,8 +76,9 @@ generate: controller-gen ## Generate deepcopy code for api/ (zz_generated.deepco
 	$(CONTROLLER_GEN) object paths=./api/...
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRD manifests into config/crd/bases.
+manifests: controller-gen ## Generate the CRD manifests into config/crd/bases and the picker's Role into config/rbac.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) rbac:roleName=laneway-epp paths=./internal/controller/... output:rbac:dir=config/rbac
 
 .PHONY: controller-gen
 controller-gen: $(CONTROLLER_GEN) ## Build controller-gen into bin/.

@@ -33,7 +33,11 @@ func main() {
 	log := zap.New(zap.Level(zapcore.Level(-opts.Verbosity)))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := epp.Run(ctx, opts, log); err != nil {
+	run := epp.Run // standalone: --endpoints and --policy-config
+	if opts.Kubernetes() {
+		run = epp.RunKube // --pool-name: the pool's pods and policy objects
+	}
+	if err := run(ctx, opts, log); err != nil {
 		log.Error(err, "endpoint picker failed")
 		os.Exit(1)
 	}

@@ -28,12 +28,22 @@ type Acquirer interface {
 type Handler struct {
 	Parser     RequestParser
 	Dispatcher Acquirer
+	// Gate, when set, is asked first: a non-empty reason ("not_ready",
+	// "not_leader") answers 503 with that reason, so a gateway that reaches
+	// a replica that must not schedule (a follower, one whose caches are not
+	// synced) retries another.
+	Gate func() string
 }
 
 var _ extproc.Decider = (*Handler)(nil)
 
 // Decide implements extproc.Decider.
 func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Decision, error) {
+	if h.Gate != nil {
+		if reason := h.Gate(); reason != "" {
+			return extproc.Decision{}, jsonReply(http.StatusServiceUnavailable, reason, "this endpoint picker replica is not serving ("+reason+")", nil)
+		}
+	}
 	t := &dispatcher.Ticket{}
 	if err := h.Parser.Parse(req, t); err != nil {
 		return extproc.Decision{}, &extproc.Reply{Status: http.StatusBadRequest, Reason: "malformed_body", Message: err.Error()}

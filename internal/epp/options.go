@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
@@ -55,8 +57,54 @@ type Options struct {
 	// Verbosity is the log level (-v): 2 default, 3 verbose, 4 debug, 5 trace.
 	Verbosity int
 
+	// Kubernetes mode (PoolName set): endpoints come from an InferencePool's
+	// pods and the policy from its PolicyClass and PolicyProfile objects.
+	Kube KubeOptions
+
 	// Engine is EngineType parsed by Complete.
 	Engine policy.Engine
+}
+
+// KubeOptions are the settings of Kubernetes mode; the zero PoolName means
+// standalone mode.
+type KubeOptions struct {
+	// PoolName is the InferencePool whose pods are the endpoints.
+	PoolName string
+	// PoolNamespace is the pool's namespace; NewOptions defaults it to
+	// $POD_NAMESPACE, else "default".
+	PoolNamespace string
+	// PoolGroup is the pool's API group.
+	PoolGroup string
+	// Kubeconfig is an explicit kubeconfig path; empty means controller-
+	// runtime's resolution ($KUBECONFIG, in-cluster, ~/.kube/config).
+	Kubeconfig string
+	// LeaderElection runs replicas active-passive on a Lease: only the
+	// leader is ready and serves.
+	LeaderElection bool
+	// LeaseDuration, RenewDeadline and RetryPeriod tune the election. A
+	// killed leader is replaced within about LeaseDuration.
+	LeaseDuration time.Duration
+	RenewDeadline time.Duration
+	RetryPeriod   time.Duration
+	// StatusInterval bounds how often PolicyClass status.pending is
+	// refreshed.
+	StatusInterval time.Duration
+}
+
+// Kubernetes reports whether the options select Kubernetes mode.
+func (o *Options) Kubernetes() bool { return o.Kube.PoolName != "" }
+
+// DefaultPoolGroup is the API group of the InferencePool v1 kind, the only
+// pool kind Kubernetes mode reads.
+const DefaultPoolGroup = "inference.networking.k8s.io"
+
+// defaultPoolNamespace is the picker's own namespace (the downward API's
+// POD_NAMESPACE), where its pool normally lives.
+func defaultPoolNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	return "default"
 }
 
 // NewOptions returns the defaults.
@@ -74,6 +122,16 @@ func NewOptions() *Options {
 		MaxBodyBytes:        16 << 20,
 		PolicyPollInterval:  time.Second,
 		Verbosity:           2,
+		Kube: KubeOptions{
+			PoolNamespace: defaultPoolNamespace(),
+			PoolGroup:     DefaultPoolGroup,
+			// Shorter than controller-runtime's 15s/10s/2s lease: a killed
+			// leader costs a pool its picker for about LeaseDuration.
+			LeaseDuration:  15 * time.Second,
+			RenewDeadline:  10 * time.Second,
+			RetryPeriod:    2 * time.Second,
+			StatusInterval: 5 * time.Second,
+		},
 	}
 }
 
@@ -95,6 +153,17 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "Largest request body accepted (400 beyond it).")
 	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config is checked for changes.")
 	fs.IntVarP(&o.Verbosity, "v", "v", o.Verbosity, "Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.")
+
+	k := &o.Kube
+	fs.StringVar(&k.PoolName, "pool-name", k.PoolName, "Kubernetes mode: the InferencePool whose ready pods are the endpoints and whose PolicyClass objects are the policy.")
+	fs.StringVar(&k.PoolNamespace, "pool-namespace", k.PoolNamespace, "Namespace of the InferencePool (default: $POD_NAMESPACE, else default).")
+	fs.StringVar(&k.PoolGroup, "pool-group", k.PoolGroup, "API group of the InferencePool.")
+	fs.StringVar(&k.Kubeconfig, "kubeconfig", k.Kubeconfig, "Kubeconfig file (default: $KUBECONFIG, in-cluster, then ~/.kube/config).")
+	fs.BoolVar(&k.LeaderElection, "ha-enable-leader-election", k.LeaderElection, "Run replicas active-passive: only the Lease holder is ready and serves; the others answer 503 not_leader.")
+	fs.DurationVar(&k.LeaseDuration, "leader-election-lease-duration", k.LeaseDuration, "How long a follower waits before taking over a leader that stopped renewing.")
+	fs.DurationVar(&k.RenewDeadline, "leader-election-renew-deadline", k.RenewDeadline, "How long the leader retries renewing before it gives up leadership.")
+	fs.DurationVar(&k.RetryPeriod, "leader-election-retry-period", k.RetryPeriod, "How often candidates try to acquire or renew the Lease.")
+	fs.DurationVar(&k.StatusInterval, "status-interval", k.StatusInterval, "How often PolicyClass status.pending is refreshed (written only when it changed).")
 }
 
 // Complete derives values from the flags.
@@ -136,5 +205,43 @@ func (o *Options) Validate() error {
 	if o.DrainTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--drain-timeout: %s is negative", o.DrainTimeout))
 	}
+	errs = append(errs, o.validateKube()...)
 	return errors.Join(errs...)
+}
+
+// validateKube checks the Kubernetes-mode options; they are ignored in
+// standalone mode, but a standalone source combined with --pool-name is a
+// mistake worth refusing: it would silently pick one of the two.
+func (o *Options) validateKube() []error {
+	k := &o.Kube
+	if k.PoolName == "" {
+		return nil
+	}
+	var errs []error
+	if len(o.Endpoints) > 0 {
+		errs = append(errs, errors.New("--endpoints and --pool-name exclude each other: endpoints come from the pool's pods in Kubernetes mode"))
+	}
+	if o.PolicyConfig != "" {
+		errs = append(errs, errors.New("--policy-config and --pool-name exclude each other: the policy comes from the pool's PolicyClass objects in Kubernetes mode"))
+	}
+	for _, f := range []struct{ flag, v string }{{"--pool-name", k.PoolName}, {"--pool-namespace", k.PoolNamespace}} {
+		if msgs := validation.IsDNS1123Subdomain(f.v); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("%s: %q is not a valid name: %s", f.flag, f.v, strings.Join(msgs, "; ")))
+		}
+	}
+	if k.PoolGroup != DefaultPoolGroup {
+		errs = append(errs, fmt.Errorf("--pool-group: %q is not supported; only %s (InferencePool v1) is", k.PoolGroup, DefaultPoolGroup))
+	}
+	if k.StatusInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--status-interval: %s must be positive", k.StatusInterval))
+	}
+	if k.LeaderElection {
+		// client-go's leader elector refuses other orders at start (its
+		// retries jitter by up to 1.2×); saying so here names the flags.
+		if k.RetryPeriod <= 0 || float64(k.RenewDeadline) <= 1.2*float64(k.RetryPeriod) || k.LeaseDuration <= k.RenewDeadline {
+			errs = append(errs, fmt.Errorf("leader election needs 0 < 1.2 × --leader-election-retry-period (%s) < --leader-election-renew-deadline (%s) < --leader-election-lease-duration (%s)",
+				k.RetryPeriod, k.RenewDeadline, k.LeaseDuration))
+		}
+	}
+	return errs
 }

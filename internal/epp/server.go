@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -53,7 +54,16 @@ type Server struct {
 	// ready is what readiness reports before shutdown flips it.
 	mu    sync.Mutex
 	ready bool
+	// notServing is the handler gate's reason ("" = serving); it follows
+	// ready, and SetNotReady names why.
+	notServing atomic.Pointer[string]
 }
+
+// Reasons a replica that is not ready gives its 503 answers.
+const (
+	ReasonNotReady  = "not_ready"
+	ReasonNotLeader = "not_leader"
+)
 
 // NewServer builds the picker from options and a compiled policy, and
 // binds its listeners (so the ports are known before Run).
@@ -85,7 +95,9 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 		grpc.MaxRecvMsgSize(opts.MaxBodyBytes+(1<<20)),
 	)
 	s.grpcSrv = grpc.NewServer(creds...)
-	extproc.NewServer(&Handler{Parser: parser, Dispatcher: d}, extproc.Options{
+	notReady := ReasonNotReady
+	s.notServing.Store(&notReady) // health is set up below
+	extproc.NewServer(&Handler{Parser: parser, Dispatcher: d, Gate: s.gate}, extproc.Options{
 		MaxBodyBytes: opts.MaxBodyBytes,
 		Logger:       log.WithName("extproc"),
 		Observer:     s.metrics,
@@ -139,11 +151,29 @@ func (s *Server) Addrs() (grpcAddr, healthAddr, metricsAddr string) {
 // that is not ready still answers streams, with 503, so a gateway that
 // reaches it anyway retries elsewhere.
 func (s *Server) SetReady(ready bool) {
+	if !ready {
+		s.SetNotReady(ReasonNotReady)
+		return
+	}
+	s.notServing.Store(new(string))
 	s.mu.Lock()
-	s.ready = ready
+	s.ready = true
 	s.mu.Unlock()
-	s.setServing(ready)
+	s.setServing(true)
 }
+
+// SetNotReady makes readiness NOT_SERVING and answers new streams 503 with
+// reason (for example ReasonNotLeader on a follower).
+func (s *Server) SetNotReady(reason string) {
+	s.notServing.Store(&reason)
+	s.mu.Lock()
+	s.ready = false
+	s.mu.Unlock()
+	s.setServing(false)
+}
+
+// gate is the handler's readiness gate.
+func (s *Server) gate() string { return *s.notServing.Load() }
 
 func (s *Server) setServing(ok bool) {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
