@@ -111,14 +111,39 @@ func startEPP(t *testing.T, o eppOptions) *eppProc {
 		t.Fatalf("start epp: %v", err)
 	}
 	t.Cleanup(func() {
+		if t.Failed() {
+			// A failed test may have left the picker stuck: ask it for a
+			// goroutine dump (SIGQUIT) instead of a drain, so the log shows
+			// where it was.
+			p.dumpAndStop()
+			t.Logf("epp log (ended with SIGQUIT for its goroutine dump):\n%s", p.logs)
+			return
+		}
 		if err := p.stop(); err != nil {
 			t.Errorf("epp shutdown: %v", err)
-		}
-		if t.Failed() {
 			t.Logf("epp log:\n%s", p.logs)
 		}
 	})
 	return p
+}
+
+// dumpAndStop makes a still running picker print every goroutine's stack
+// and exit (Go's SIGQUIT behaviour), then waits for it.
+func (p *eppProc) dumpAndStop() {
+	p.stopOnce.Do(func() {
+		select {
+		case <-p.exited:
+			return
+		default:
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
 }
 
 func launchEPP(o eppOptions) (*eppProc, error) {
@@ -262,9 +287,16 @@ func (p *eppProc) waitExit(limit time.Duration) error {
 	select {
 	case <-p.exited:
 	case <-time.After(limit):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-		return fmt.Errorf("epp did not exit within %s of SIGTERM; killed", limit)
+		// SIGQUIT makes the Go runtime print every goroutine: the log
+		// then shows what held the drain up.
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.exited:
+		case <-time.After(5 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+		return fmt.Errorf("epp did not exit within %s of SIGTERM; stopped with SIGQUIT (goroutine dump in its log)", limit)
 	}
 	if st := p.cmd.ProcessState; st == nil || st.ExitCode() != 0 {
 		return fmt.Errorf("epp exited with %s", st)
@@ -295,10 +327,14 @@ func (p *eppProc) client(t *testing.T, o extprocclient.Options) *extprocclient.C
 	return extprocclient.New(p.dial(t), o)
 }
 
+// scrapeClient bounds a scrape: a picker whose loop is stuck answers
+// /metrics never, and the test should say so instead of hanging.
+var scrapeClient = &http.Client{Timeout: 10 * time.Second}
+
 // scrape reads the picker's /metrics.
 func (p *eppProc) scrape(t *testing.T) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := http.Get("http://" + p.metricsAddr + "/metrics")
+	resp, err := scrapeClient.Get("http://" + p.metricsAddr + "/metrics")
 	if err != nil {
 		t.Fatalf("scrape epp metrics: %v", err)
 	}
@@ -617,6 +653,14 @@ func startAsync(ctx context.Context, c *extprocclient.Client, name string, spec 
 	return ch
 }
 
+// testCtx is a context for a test's exchanges, bounded so that a picker
+// that stops answering fails the test instead of hanging it.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // startInto is startAsync delivering into a shared channel, for tests
 // that wait for whichever of several queued requests is released next. ch
 // must have room for every request started into it.
@@ -645,9 +689,7 @@ func await(t *testing.T, ch <-chan started) started {
 // mustStart starts an exchange and fails the test on a transport error.
 func mustStart(t *testing.T, c *extprocclient.Client, spec extprocclient.RequestSpec) *extprocclient.Exchange {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
-	t.Cleanup(cancel)
-	ex, err := c.Start(ctx, spec)
+	ex, err := c.Start(testCtx(t), spec)
 	if err != nil {
 		t.Fatalf("start exchange: %v", err)
 	}

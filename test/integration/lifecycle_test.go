@@ -28,8 +28,7 @@ func TestSIGTERMDrain(t *testing.T) {
 
 	holder := mustStart(t, c, spec(tokens(500, 0)))
 	mustRoute(t, holder)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := testCtx(t)
 	const n = 5
 	answers := make(chan started, n)
 	for i := 0; i < n; i++ {

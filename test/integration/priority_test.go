@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"slices"
 	"testing"
 
@@ -41,8 +40,7 @@ func TestPriorityOrder(t *testing.T) {
 		{name: "negative clamped", hints: &agentHints{Priority: i32(-1000)}},
 		{name: "malformed header ignored", hints: &agentHints{Priority: i32(45)}, headers: []string{"x-dynamo-request-priority", "high"}},
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := testCtx(t)
 	released := make(chan started, len(reqs))
 	for i, r := range reqs {
 		startInto(ctx, c, r.name, spec(tokensWith(150, i+1, r.hints), r.headers...), released)

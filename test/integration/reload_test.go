@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -49,8 +48,7 @@ func TestPolicyReload(t *testing.T) {
 
 	holder := mustStart(t, c, spec(tokens(500, 0)))
 	mustRoute(t, holder)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := testCtx(t)
 	released := make(chan started, 8)
 	queued := 0
 	enqueue := func(class string, wantPending float64) {

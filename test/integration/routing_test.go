@@ -154,8 +154,7 @@ func TestPinnedLaneDoesNotBlockOthers(t *testing.T) {
 	}
 	p.waitMetric(t, 500, "laneway_endpoint_active_prefill_tokens", "endpoint", a)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := testCtx(t)
 	waitA := startAsync(ctx, c, "pinned to A", pinned(spec(tokens(20, 2)), a))
 	p.waitMetric(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
 
@@ -199,8 +198,7 @@ func TestQueueLimit429(t *testing.T) {
 
 	big := mustStart(t, c, spec(tokens(500, 1)))
 	mustRoute(t, big)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := testCtx(t)
 	released := make(chan started, 8)
 	for i := 0; i < 8; i++ {
 		startInto(ctx, c, "queued", spec(tokens(20, 10+i)), released)
@@ -257,8 +255,7 @@ func TestQueuedReleasedAtFirstByte(t *testing.T) {
 
 	big := mustStart(t, c, spec(tokens(500, 1)))
 	mustRoute(t, big)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := testCtx(t)
 	queued := startAsync(ctx, c, "queued", spec(tokens(50, 2)))
 	p.waitMetric(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
 
