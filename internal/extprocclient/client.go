@@ -98,7 +98,10 @@ type SubsetHint struct {
 
 // Header is one header as set by a mutation.
 type Header struct {
-	Key, Value string
+	// Key is the lower-cased header name.
+	Key string
+	// Value is the header value.
+	Value string
 	// Action is how the value combines with an existing one; Envoy's default
 	// (the zero value) appends.
 	Action corev3.HeaderValueOption_HeaderAppendAction

@@ -18,4 +18,11 @@
 // bodies are not sent. The mode is read from the protocol_config Envoy puts in
 // the first message of a stream; a stream without one is taken to be
 // FULL_DUPLEX_STREAMED.
+//
+// In FULL_DUPLEX_STREAMED mode the body is buffered to its end, the Decider
+// runs, the request-headers response carries the pick, and the body (or its
+// replacement) is streamed back in chunks of at most MaxChunkBytes. In
+// BUFFERED mode Envoy sends the body only after the request headers are
+// answered, so the headers get an empty answer and the pick rides on the body
+// response (with the body mutation, if any); the decision is still made once.
 package extproc
