@@ -49,6 +49,10 @@ type Options struct {
 	DrainTimeout time.Duration
 	// MaxFallbacks is how many fallback endpoints follow the pick.
 	MaxFallbacks int
+	// HeaderPickOnly puts only the pick in the destination header and the
+	// whole list in the envoy.lb metadata: Envoy's ORIGINAL_DST cluster
+	// parses the header as a single ip:port.
+	HeaderPickOnly bool
 	// MaxBodyBytes bounds a request body (400 beyond it).
 	MaxBodyBytes int
 	// PolicyPollInterval is how often the policy file is checked for
@@ -118,10 +122,13 @@ func NewOptions() *Options {
 		MaxNumBatchedTokens: 8192,
 		EngineType:          "vllm",
 		DrainTimeout:        30 * time.Second,
-		MaxFallbacks:        2,
-		MaxBodyBytes:        16 << 20,
-		PolicyPollInterval:  time.Second,
-		Verbosity:           2,
+		// No fallbacks by default: the header then holds one ip:port, which
+		// every gateway, plain Envoy's ORIGINAL_DST cluster included, can
+		// route on, and header and metadata carry the same value.
+		MaxFallbacks:       0,
+		MaxBodyBytes:       16 << 20,
+		PolicyPollInterval: time.Second,
+		Verbosity:          2,
 		Kube: KubeOptions{
 			PoolNamespace: defaultPoolNamespace(),
 			PoolGroup:     DefaultPoolGroup,
@@ -149,7 +156,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&o.MaxNumBatchedTokens, "max-num-batched-tokens", o.MaxNumBatchedTokens, "Default max_num_batched_tokens of a model server.")
 	fs.StringVar(&o.EngineType, "engine-type", o.EngineType, "Model-server engine: vllm, sglang or trtllm.")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "After SIGTERM, how long dispatched streams may take to finish.")
-	fs.IntVar(&o.MaxFallbacks, "max-fallbacks", o.MaxFallbacks, "Fallback endpoints returned after the pick.")
+	fs.IntVar(&o.MaxFallbacks, "max-fallbacks", o.MaxFallbacks, "Fallback endpoints returned after the pick (ordered, comma-separated).")
+	fs.BoolVar(&o.HeaderPickOnly, "header-pick-only", o.HeaderPickOnly, "Put only the pick in the x-gateway-destination-endpoint header and the fallback list in the envoy.lb metadata (for plain Envoy with --max-fallbacks > 0).")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "Largest request body accepted (400 beyond it).")
 	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config is checked for changes.")
 	fs.IntVarP(&o.Verbosity, "v", "v", o.Verbosity, "Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.")

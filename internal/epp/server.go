@@ -98,9 +98,10 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	notReady := ReasonNotReady
 	s.notServing.Store(&notReady) // health is set up below
 	extproc.NewServer(&Handler{Parser: parser, Dispatcher: d, Gate: s.gate}, extproc.Options{
-		MaxBodyBytes: opts.MaxBodyBytes,
-		Logger:       log.WithName("extproc"),
-		Observer:     s.metrics,
+		MaxBodyBytes:   opts.MaxBodyBytes,
+		Logger:         log.WithName("extproc"),
+		Observer:       s.metrics,
+		HeaderPickOnly: opts.HeaderPickOnly,
 	}).Register(s.grpcSrv)
 
 	s.health = health.NewServer()
