@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -86,6 +87,12 @@ func Scheme() (*runtime.Scheme, error) {
 	return s, nil
 }
 
+// startTimeout is how long each of etcd and kube-apiserver may take to
+// become ready. envtest's 20 s default is too short on a 2-core machine
+// shared by parallel builds, where a start has been seen to take longer;
+// KUBEBUILDER_CONTROLPLANE_START_TIMEOUT still overrides it.
+const startTimeout = 3 * time.Minute
+
 // Start starts etcd and kube-apiserver with the CRDs of CRDDirs installed
 // and established, and returns a rest.Config for it and a function that
 // stops both processes. It takes a few seconds; start it once per test
@@ -100,9 +107,17 @@ func Start() (*rest.Config, func() error, error) {
 		return nil, nil, err
 	}
 	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     dirs,
-		ErrorIfCRDPathMissing: true,
+		BinaryAssetsDirectory:    assets,
+		ControlPlaneStartTimeout: startTimeout,
+		ControlPlaneStopTimeout:  time.Minute,
+		CRDDirectoryPaths:        dirs,
+		ErrorIfCRDPathMissing:    true,
+		// Waiting for the CRDs to be served has the same problem as the
+		// start (envtest's default is 10 s).
+		CRDInstallOptions: envtest.CRDInstallOptions{MaxTime: startTimeout},
+	}
+	if v := os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT"); v != "" {
+		env.ControlPlaneStartTimeout = 0 // envtest reads the variable itself
 	}
 	cfg, err := env.Start()
 	if err != nil {
