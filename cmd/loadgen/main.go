@@ -1,0 +1,245 @@
+// Command loadgen drives ext_proc load against an endpoint picker and
+// reports decision latency, decisions per second, errors and the picker's
+// CPU per 1,000 decisions, the way SPEC §13 measures them. It plays the
+// gateway with internal/extprocclient; see package test/load for the two
+// modes:
+//
+//	loadgen --spawn --rate 1000 --hold 1s --duration 10s          # open loop (SPEC §13)
+//	loadgen --spawn --mode closed --concurrency 1,100,1000        # closed loop, N streams
+//	loadgen --epp 127.0.0.1:9002 --tls --epp-metrics 127.0.0.1:9090 --rate 3000
+//
+// With --spawn it builds (or takes --epp-bin) and starts the picker itself
+// on free loopback ports, with one endpoint and no policy: the synthetic
+// default class has no busy threshold, so every request is an idle-endpoint
+// decision.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/test/load"
+)
+
+type flags struct {
+	epp         string
+	tls         bool
+	conns       int
+	mode        string
+	rate        float64
+	hold        time.Duration
+	duration    time.Duration
+	concurrency string
+	capN        int
+	tokens      int
+	spawn       bool
+	eppBin      string
+	eppArgs     []string
+	eppMetrics  string
+	eppPID      int
+	warmup      time.Duration
+	jsonOut     bool
+}
+
+func main() {
+	var f flags
+	fs := pflag.NewFlagSet("loadgen", pflag.ExitOnError)
+	fs.StringVar(&f.epp, "epp", "", "ext_proc address of the picker (host:port); not with --spawn")
+	fs.BoolVar(&f.tls, "tls", false, "speak TLS to the picker (certificate not verified, ALPN h2); with --spawn, start it with --secure-serving")
+	fs.IntVar(&f.conns, "conns", 2, "gRPC connections to spread streams over (a gateway holds about one per worker)")
+	fs.StringVar(&f.mode, "mode", "open", "open: fixed arrival rate (SPEC §13 latency); closed: fixed concurrency (throughput)")
+	fs.Float64Var(&f.rate, "rate", 1000, "open loop: arrivals per second")
+	fs.DurationVar(&f.hold, "hold", time.Second, "how long each routed request stays open before its response (closed loop: default 0)")
+	fs.DurationVar(&f.duration, "duration", 10*time.Second, "length of each run")
+	fs.StringVar(&f.concurrency, "concurrency", "1,100,1000", "closed loop: comma-separated stream counts, one run each")
+	fs.IntVar(&f.capN, "concurrency-cap", 20000, "open loop: most streams open at once; arrivals above it are skipped and counted")
+	fs.IntVar(&f.tokens, "prompt-tokens", 256, "prompt length of every request (token ids)")
+	fs.BoolVar(&f.spawn, "spawn", false, "build and start the picker against a dummy endpoint")
+	fs.StringVar(&f.eppBin, "epp-bin", "", "with --spawn: the epp binary (default: build ./cmd/epp of this module)")
+	fs.StringSliceVar(&f.eppArgs, "epp-args", nil, "with --spawn: further picker flags, e.g. --epp-args=--pprof-port=6060")
+	fs.StringVar(&f.eppMetrics, "epp-metrics", "", "picker metrics address (host:port) to read process_cpu_seconds_total from")
+	fs.IntVar(&f.eppPID, "epp-pid", 0, "picker process id to read CPU time from /proc")
+	fs.DurationVar(&f.warmup, "warmup", time.Second, "closed-loop warm-up (8 streams) before measuring; 0 skips")
+	fs.BoolVar(&f.jsonOut, "json", false, "print each result as one JSON line")
+	_ = fs.Parse(os.Args[1:])
+	if !fs.Changed("hold") && f.mode == "closed" {
+		f.hold = 0
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, &f); err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, f *flags) error {
+	levels, err := parseLevels(f.concurrency)
+	if err != nil {
+		return err
+	}
+	if f.mode != "open" && f.mode != "closed" {
+		return fmt.Errorf("--mode %q: want open or closed", f.mode)
+	}
+	if f.conns < 1 || f.conns > 64 {
+		return fmt.Errorf("--conns %d: want 1..64", f.conns)
+	}
+	r := &load.Runner{}
+	addr := f.epp
+	switch {
+	case f.spawn:
+		if addr != "" {
+			return errors.New("--epp and --spawn exclude each other")
+		}
+		p, cleanup, err := spawn(ctx, f)
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+		addr = p.GRPCAddr
+		r.PickerCPU = p.CPU()
+		fmt.Fprintf(os.Stderr, "loadgen: spawned picker pid %d, ext_proc %s (tls %v), metrics %s\n",
+			p.Cmd.Process.Pid, p.GRPCAddr, f.tls, p.MetricsAddr)
+	case addr == "":
+		return errors.New("give --epp host:port or --spawn")
+	case f.eppPID > 0:
+		r.PickerCPU = load.ProcCPU(f.eppPID)
+	case f.eppMetrics != "":
+		r.PickerCPU = load.MetricsCPU(f.eppMetrics)
+	}
+	if r.PickerCPU != nil {
+		if _, err := r.PickerCPU(); err != nil {
+			return fmt.Errorf("picker CPU sampler: %w", err)
+		}
+	}
+
+	creds := insecure.NewCredentials()
+	if f.tls {
+		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // pickers serve self-signed certificates
+	}
+	for i := 0; i < f.conns; i++ {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			return fmt.Errorf("dial %s: %w", addr, err)
+		}
+		defer conn.Close()
+		r.Clients = append(r.Clients, extprocclient.New(conn, extprocclient.Options{}))
+	}
+
+	if f.warmup > 0 {
+		res, err := r.RunClosed(ctx, load.Config{Concurrency: 8, Duration: f.warmup, PromptTokens: f.tokens})
+		if err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+		if res.Routed == 0 {
+			return fmt.Errorf("warm-up routed nothing: %s", res.String())
+		}
+	}
+
+	report := func(res load.Result) error {
+		if f.jsonOut {
+			b, err := json.Marshal(res)
+			if err != nil {
+				return fmt.Errorf("encode result: %w", err)
+			}
+			fmt.Println(string(b))
+			return nil
+		}
+		fmt.Printf("[tls=%v conns=%d prompt_tokens=%d]\n%s\n", f.tls, f.conns, f.tokens, res.String())
+		return nil
+	}
+	cfg := load.Config{Rate: f.rate, Hold: f.hold, Duration: f.duration, ConcurrencyCap: f.capN, PromptTokens: f.tokens}
+	if f.mode == "open" {
+		res, err := r.RunOpen(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		return report(res)
+	}
+	for _, n := range levels {
+		cfg.Concurrency = n
+		res, err := r.RunClosed(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		if err := report(res); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func parseLevels(s string) ([]int, error) {
+	var out []int
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		n, err := strconv.Atoi(part)
+		if err != nil || n < 1 || n > load.MaxConcurrency {
+			return nil, fmt.Errorf("--concurrency: %q is not a stream count in 1..%d", part, load.MaxConcurrency)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("--concurrency: no stream counts")
+	}
+	return out, nil
+}
+
+// spawn builds (unless --epp-bin) and starts the picker with one dummy
+// endpoint and no policy, logging to a file in a temp dir that is removed
+// at cleanup unless the picker failed.
+func spawn(ctx context.Context, f *flags) (*load.Proc, func(), error) {
+	dir, err := os.MkdirTemp("", "loadgen-")
+	if err != nil {
+		return nil, nil, fmt.Errorf("temp dir: %w", err)
+	}
+	bin := f.eppBin
+	if bin == "" {
+		fmt.Fprintln(os.Stderr, "loadgen: building ./cmd/epp")
+		if bin, err = load.BuildEPP(dir); err != nil {
+			os.RemoveAll(dir)
+			return nil, nil, err
+		}
+	}
+	logf, err := os.Create(dir + "/epp.log")
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("picker log: %w", err)
+	}
+	// Nothing listens on the dummy endpoint: the picker never connects to
+	// its endpoints, it only names them.
+	p, err := load.Spawn(ctx, load.SpawnOptions{
+		Bin: bin, TLS: f.tls, Endpoints: []string{"127.0.0.2:8000"}, Args: f.eppArgs, Log: logf,
+	})
+	if err != nil {
+		logf.Close()
+		return nil, nil, fmt.Errorf("%w (picker log in %s)", err, logf.Name())
+	}
+	return p, func() {
+		err := p.Stop(30 * time.Second)
+		logf.Close()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "loadgen: %v (picker log in %s)\n", err, logf.Name())
+			return
+		}
+		os.RemoveAll(dir)
+	}, nil
+}

@@ -1,0 +1,23 @@
+// Package load generates ext_proc load against an endpoint picker and
+// measures it the way SPEC §13 defines: decision latency (from sending a
+// request's last body message to receiving the request-headers answer),
+// decisions per second, errors, and the picker's CPU per 1,000 decisions.
+//
+// Two drivers share one request path (internal/extprocclient plays the
+// gateway):
+//
+//   - RunOpen is the open loop SPEC §13 asks for: requests arrive on a fixed
+//     schedule of Rate per second for Duration, whatever the picker does;
+//     each routed request is held open for Hold before its response phases
+//     are played back, so about Rate×Hold streams are open at once. An
+//     arrival that would exceed ConcurrencyCap open streams is skipped and
+//     counted, never delayed, so the schedule stays open-loop.
+//   - RunClosed keeps N streams busy: each worker starts the next request as
+//     soon as its previous one ends. It measures throughput; its latency is
+//     N / throughput by Little's law and is labelled as closed-loop.
+//
+// Spawn builds and starts a picker subprocess for self-contained runs, and
+// CPU samplers read a process's CPU time from /proc or from the picker's
+// process_cpu_seconds_total metric. cmd/loadgen is the command around this
+// package. Every loop is bounded in count and time.
+package load
