@@ -11,4 +11,12 @@
 //
 // A series missing from the page leaves its field unknown rather than zero:
 // an unknown queue length must never make a pod look idle.
+//
+// The scraping half, Scraper, polls every endpoint's page on a goroutine of
+// its own (outside the picker's dispatch loop) and hands each good scrape to
+// a Sink. It owns staleness: an endpoint whose last good scrape started
+// more than the staleness bound ago is reported stale by a timer, even while
+// a hung scrape is still waiting for its timeout, and an endpoint never
+// scraped successfully is unknown. The Sink must treat both as busy, never
+// as idle (SPEC §9).
 package podmetrics

@@ -28,14 +28,17 @@ func (e Engine) String() string {
 	return fmt.Sprintf("Engine(%d)", uint8(e))
 }
 
-// ParseEngine reads a configuration name: vllm, sglang or trtllm (any case).
+// ParseEngine reads a configuration name: vllm, sglang or trtllm (any case,
+// surrounding space ignored; trt-llm and tensorrt-llm also name TensorRT-LLM).
+// It accepts what policy.ParseEngine accepts, so --engine-type and the pod
+// label inference.networking.k8s.io/engine-type read alike.
 func ParseEngine(s string) (Engine, error) {
-	switch strings.ToLower(s) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "vllm":
 		return EngineVLLM, nil
 	case "sglang":
 		return EngineSGLang, nil
-	case "trtllm":
+	case "trtllm", "trt-llm", "tensorrt-llm":
 		return EngineTRTLLM, nil
 	}
 	return 0, fmt.Errorf("unknown engine %q (want vllm, sglang or trtllm)", s)
