@@ -97,8 +97,10 @@ func (r *policyReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (
 		r.invalid = ""
 	} else if msg := check.Problems.Error(); msg != r.invalid {
 		r.invalid = msg
-		r.log.Error(check.Problems, "policy objects rejected; the last valid policy stays in force",
-			"pool", r.pool.Name, "problems", len(check.Problems))
+		// An operator's mistake, not the picker's: Info, without the
+		// stack trace an Error carries; the conditions say it too.
+		r.log.Info("policy objects rejected; the last valid policy stays in force",
+			"pool", r.pool.Name, "problems", len(check.Problems), "error", msg)
 	}
 
 	// Conditions go out only now: Accepted=True means "in force".

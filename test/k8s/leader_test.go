@@ -7,6 +7,9 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/internal/epp"
@@ -74,6 +77,80 @@ func TestLeaderFailover(t *testing.T) {
 		t.Errorf("lease still held by the killed leader %s", h)
 	}
 	serve(t, follower.start(ctx(t), request("")))
+
+	// A leader stopped with SIGTERM releases the Lease as it drains: the
+	// next replica takes over at its next retry, not after a lease.
+	r3 := e.startEPP("epp-3", "pool", le...)
+	w3 := r3.watchReadiness()
+	<-r3.logs.await("waiting to be elected leader")
+	t0 = time.Now()
+	if err := follower.stop(); err != nil {
+		t.Fatalf("leader shutdown: %v", err)
+	}
+	handover := r3.waitStatus(w3, healthpb.HealthCheckResponse_SERVING, readyTimeout).Sub(t0)
+	t.Logf("leader SIGTERMed: next replica ready after %v (drain and release, then its next retry)", handover.Round(time.Millisecond))
+	if handover >= leaseDuration {
+		t.Errorf("handover after SIGTERM took %v: the Lease was not released (lease %v)", handover, leaseDuration)
+	}
+	serve(t, r3.start(ctx(t), request("")))
+}
+
+// TestDeposedLeaderStopsServing: a leader that can no longer renew its
+// Lease (here another holder took it) stops being ready within the renew
+// deadline and exits, to come back as a follower.
+func TestDeposedLeaderStopsServing(t *testing.T) {
+	e := newEnv(t, false)
+	e.createPool("pool", "llm")
+	e.addPod("a", podSpec{app: "llm", ready: true})
+	p := e.startEPP("epp", "pool",
+		"--ha-enable-leader-election",
+		"--leader-election-lease-duration="+leaseDuration.String(),
+		"--leader-election-renew-deadline="+renewDeadline.String(),
+		"--leader-election-retry-period="+retryPeriod.String())
+	w := p.watchReadiness()
+	p.waitStatus(w, healthpb.HealthCheckResponse_SERVING, readyTimeout)
+	p.mayFail = true
+
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var l coordinationv1.Lease
+		if err := admin.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: epp.LeaseName("pool")}, &l); err != nil {
+			return err
+		}
+		now := metav1.NewMicroTime(time.Now())
+		l.Spec.HolderIdentity = ptr.To("intruder")
+		l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
+		l.Spec.LeaseDurationSeconds = ptr.To[int32](60)
+		return admin.Update(ctx(t), &l)
+	})
+	if err != nil {
+		t.Fatalf("take the Lease: %v", err)
+	}
+	t0 := time.Now()
+	// Not serving: NOT_SERVING, or the health stream ending with the
+	// process, whichever the watch sees first.
+	var lost time.Duration
+	for lost == 0 {
+		select {
+		case st, ok := <-w:
+			if !ok || st != healthpb.HealthCheckResponse_SERVING {
+				lost = time.Since(t0)
+			}
+		case <-time.After(eventTimeout):
+			t.Fatalf("deposed leader still serving after %v", eventTimeout)
+		}
+	}
+	t.Logf("deposed leader not ready after %v (renew deadline %v)", lost.Round(time.Millisecond), renewDeadline)
+	select {
+	case <-p.exited:
+	case <-time.After(eventTimeout):
+		t.Fatalf("deposed leader still running after %v", eventTimeout)
+	}
+	if st := p.cmd.ProcessState; st.Success() {
+		t.Errorf("deposed leader exited %v, want a failure status so it restarts", st)
+	}
+	if !strings.Contains(p.logs.String(), "leader election lost") {
+		t.Errorf("deposed leader did not log the lost election")
+	}
 }
 
 // leaseHolder is the current holder of the pool's election Lease.

@@ -96,11 +96,12 @@ func TestInvalidPolicyKeepsLastGood(t *testing.T) {
 	dispatchedAs("silver", "silver")
 	dispatchedAs("", "gold") // no header: the alphabetically first class
 
-	// bronze is fine, but dup reuses gold's class name: the set is invalid.
-	e.create(policyClass("bronze", "pool", 100, nil))
+	// dup reuses gold's class name: the set is invalid. bronze, fine on
+	// its own, comes after and is held back with the rest.
 	dup := policyClass("dup", "pool", 100, nil)
 	dup.Spec.ClassName = "gold"
 	e.create(dup)
+	e.create(policyClass("bronze", "pool", 100, nil))
 	bad := e.waitClass("dup", "rejected", accepted("False", v1alpha1.ReasonInvalid))
 	msg := acceptedCondition(bad).Message
 	if !strings.Contains(msg, `"gold"`) {

@@ -1,0 +1,131 @@
+package epp
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/laneway-dev/laneway/internal/dispatcher"
+	"github.com/laneway-dev/laneway/pkg/extproc"
+)
+
+func TestKubeOptions(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		env     string // POD_NAMESPACE
+		kube    bool
+		wantNS  string
+		wantErr []string // substrings; empty means valid
+	}{
+		{name: "standalone by default", args: []string{"--endpoints=127.0.0.1:8000"}, wantNS: "default"},
+		{name: "pool name selects Kubernetes mode", args: []string{"--pool-name=llama"}, kube: true, wantNS: "default"},
+		{name: "namespace from POD_NAMESPACE", args: []string{"--pool-name=llama"}, env: "serving", kube: true, wantNS: "serving"},
+		{name: "flag beats POD_NAMESPACE", args: []string{"--pool-name=llama", "--pool-namespace=other"}, env: "serving", kube: true, wantNS: "other"},
+		{name: "endpoints and pool name exclude each other", args: []string{"--pool-name=llama", "--endpoints=127.0.0.1:8000"}, kube: true, wantNS: "default",
+			wantErr: []string{"--endpoints and --pool-name"}},
+		{name: "policy file and pool name exclude each other", args: []string{"--pool-name=llama", "--policy-config=p.yaml"}, kube: true, wantNS: "default",
+			wantErr: []string{"--policy-config and --pool-name"}},
+		{name: "bad names", args: []string{"--pool-name=Llama_3", "--pool-namespace=-x"}, kube: true, wantNS: "-x",
+			wantErr: []string{`--pool-name: "Llama_3"`, `--pool-namespace: "-x"`}},
+		{name: "other pool groups are refused", args: []string{"--pool-name=llama", "--pool-group=inference.networking.x-k8s.io"}, kube: true, wantNS: "default",
+			wantErr: []string{"--pool-group"}},
+		{name: "election timings must nest", args: []string{"--pool-name=llama", "--ha-enable-leader-election", "--leader-election-lease-duration=2s", "--leader-election-renew-deadline=2s"}, kube: true, wantNS: "default",
+			wantErr: []string{"--leader-election-renew-deadline (2s) < --leader-election-lease-duration (2s)"}},
+		{name: "renew deadline above the jittered retry", args: []string{"--pool-name=llama", "--ha-enable-leader-election", "--leader-election-renew-deadline=1s", "--leader-election-retry-period=900ms"}, kube: true, wantNS: "default",
+			wantErr: []string{"1.2 × --leader-election-retry-period"}},
+		{name: "timings are free without election", args: []string{"--pool-name=llama", "--leader-election-lease-duration=1s"}, kube: true, wantNS: "default"},
+		{name: "status interval positive", args: []string{"--pool-name=llama", "--status-interval=0s"}, kube: true, wantNS: "default",
+			wantErr: []string{"--status-interval"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("POD_NAMESPACE", tt.env)
+			o := NewOptions()
+			fs := pflag.NewFlagSet("epp", pflag.ContinueOnError)
+			o.AddFlags(fs)
+			if err := fs.Parse(tt.args); err != nil {
+				t.Fatal(err)
+			}
+			if err := o.Complete(); err != nil {
+				t.Fatal(err)
+			}
+			if o.Kubernetes() != tt.kube {
+				t.Errorf("Kubernetes() = %v, want %v", o.Kubernetes(), tt.kube)
+			}
+			if o.Kube.PoolNamespace != tt.wantNS {
+				t.Errorf("pool namespace %q, want %q", o.Kube.PoolNamespace, tt.wantNS)
+			}
+			err := o.Validate()
+			if len(tt.wantErr) == 0 {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate passed, want errors %q", tt.wantErr)
+			}
+			for _, w := range tt.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Validate error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestKubeDefaults(t *testing.T) {
+	o := NewOptions()
+	k := o.Kube
+	if k.PoolGroup != DefaultPoolGroup || k.LeaseDuration != 15*time.Second || k.RenewDeadline != 10*time.Second || k.RetryPeriod != 2*time.Second {
+		t.Fatalf("defaults %+v", k)
+	}
+	if got := LeaseName("llama"); got != "laneway-epp-llama" {
+		t.Fatalf("LeaseName = %q", got)
+	}
+}
+
+// countingAcquirer records whether the handler reached the dispatcher.
+type countingAcquirer struct{ calls int }
+
+func (c *countingAcquirer) Acquire(context.Context, *dispatcher.Ticket) (*dispatcher.Grant, error) {
+	c.calls++
+	return nil, &dispatcher.NoEndpointError{Filter: "test"}
+}
+
+func TestHandlerGate(t *testing.T) {
+	tests := []struct {
+		name       string
+		gate       func() string
+		wantReason string
+		wantCalls  int
+	}{
+		{name: "no gate", gate: nil, wantReason: "no_endpoints", wantCalls: 1},
+		{name: "open gate", gate: func() string { return "" }, wantReason: "no_endpoints", wantCalls: 1},
+		{name: "follower", gate: func() string { return ReasonNotLeader }, wantReason: ReasonNotLeader},
+		{name: "not synced", gate: func() string { return ReasonNotReady }, wantReason: ReasonNotReady},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			acq := &countingAcquirer{}
+			h := &Handler{Parser: BodyParser{}, Dispatcher: acq, Gate: tt.gate}
+			_, err := h.Decide(context.Background(), &extproc.Request{Body: []byte(`{"model":"m","prompt":"hi"}`)})
+			var r *extproc.Reply
+			if !errors.As(err, &r) {
+				t.Fatalf("Decide error %v, want a Reply", err)
+			}
+			if r.Status != http.StatusServiceUnavailable || r.Reason != tt.wantReason {
+				t.Errorf("reply %d %s, want 503 %s", r.Status, r.Reason, tt.wantReason)
+			}
+			if acq.calls != tt.wantCalls {
+				t.Errorf("dispatcher called %d times, want %d", acq.calls, tt.wantCalls)
+			}
+		})
+	}
+}
