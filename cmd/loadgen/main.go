@@ -54,6 +54,7 @@ type flags struct {
 	eppPID      int
 	warmup      time.Duration
 	jsonOut     bool
+	trace       string
 }
 
 func main() {
@@ -76,6 +77,7 @@ func main() {
 	fs.IntVar(&f.eppPID, "epp-pid", 0, "picker process id to read CPU time from /proc")
 	fs.DurationVar(&f.warmup, "warmup", time.Second, "closed-loop warm-up (8 streams) before measuring; 0 skips")
 	fs.BoolVar(&f.jsonOut, "json", false, "print each result as one JSON line")
+	fs.StringVar(&f.trace, "trace", "", "write every request's start time and decision latency to this file")
 	_ = fs.Parse(os.Args[1:])
 	if !fs.Changed("hold") && f.mode == "closed" {
 		f.hold = 0
@@ -149,6 +151,15 @@ func run(ctx context.Context, f *flags) error {
 		if res.Routed == 0 {
 			return fmt.Errorf("warm-up routed nothing: %s", res.String())
 		}
+	}
+
+	if f.trace != "" {
+		tf, err := os.Create(f.trace)
+		if err != nil {
+			return fmt.Errorf("--trace: %w", err)
+		}
+		defer tf.Close()
+		r.Trace = tf
 	}
 
 	report := func(res load.Result) error {

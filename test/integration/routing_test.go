@@ -28,7 +28,7 @@ policy_classes:
 func TestPickReadyEndpoint(t *testing.T) {
 	checkGoroutines(t)
 	bs := startBackends(t, 2)
-	p := startEPP(t, eppOptions{endpoints: addrs(bs)})
+	p := startEPP(t, eppOptions{endpoints: addrs(bs), args: []string{"--max-fallbacks=1"}})
 	c := p.client(t, extprocclient.Options{})
 
 	body := tokens(64, 1)
@@ -42,7 +42,7 @@ func TestPickReadyEndpoint(t *testing.T) {
 		t.Errorf("header endpoints %v != envoy.lb metadata endpoints %v", d.Endpoints, d.MetadataEndpoints)
 	}
 	if len(d.Endpoints) != 2 || d.Endpoints[0] == d.Endpoints[1] {
-		t.Errorf("endpoints %v: want the pick and the other endpoint as fallback", d.Endpoints)
+		t.Fatalf("endpoints %v: want the pick and the other endpoint as fallback", d.Endpoints)
 	}
 	if !d.ClearRouteCache {
 		t.Error("clear_route_cache is false")
@@ -93,7 +93,7 @@ func TestNoEndpoint503(t *testing.T) {
 	})
 
 	bs := startBackends(t, 3)
-	p := startEPP(t, eppOptions{endpoints: addrs(bs)})
+	p := startEPP(t, eppOptions{endpoints: addrs(bs), args: []string{"--max-fallbacks=2"}})
 	c := p.client(t, extprocclient.Options{})
 	a, b, cc := bs[0].addr, bs[1].addr, bs[2].addr
 

@@ -1,10 +1,12 @@
 package load
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sort"
 	"sync"
@@ -162,6 +164,10 @@ type Runner struct {
 	Clients []*extprocclient.Client
 	// PickerCPU, when set, samples the picker's CPU before and after.
 	PickerCPU CPUSampler
+	// Trace, when set, receives one line per answered request: its start
+	// (seconds since the run began) and decision latency (ms), for
+	// looking at stalls over time.
+	Trace io.Writer
 }
 
 // stats collects per-request outcomes from many goroutines.
@@ -175,6 +181,14 @@ type stats struct {
 	firstErrs []string
 
 	open, peak atomic.Int64
+
+	t0    time.Time
+	trace []tracePoint
+}
+
+type tracePoint struct {
+	start time.Duration
+	lat   time.Duration
 }
 
 func (s *stats) enter() {
@@ -200,6 +214,7 @@ func (s *stats) fail(err error) {
 
 // one plays one request: start, record the decision, hold, respond, close.
 func (r *Runner) one(ctx context.Context, c *extprocclient.Client, spec extprocclient.RequestSpec, hold time.Duration, s *stats) {
+	begin := time.Since(s.t0)
 	ex, err := c.Start(ctx, spec)
 	if err != nil {
 		s.fail(err)
@@ -209,6 +224,9 @@ func (r *Runner) one(ctx context.Context, c *extprocclient.Client, spec extprocc
 	d := ex.Decision()
 	s.mu.Lock()
 	s.lat = append(s.lat, d.Latency)
+	if r.Trace != nil {
+		s.trace = append(s.trace, tracePoint{begin, d.Latency})
+	}
 	if d.Routed() {
 		s.routed++
 	} else {
@@ -288,6 +306,15 @@ func (r *Runner) finish(res *Result, s *stats, cpu0 float64, cpuOK bool, self0 f
 		}
 	}
 	res.LoadCPU = selfCPU() - self0
+	if r.Trace != nil {
+		sort.Slice(s.trace, func(i, j int) bool { return s.trace[i].start < s.trace[j].start })
+		w := bufio.NewWriter(r.Trace)
+		fmt.Fprintf(w, "# %s run: start_s latency_ms\n", res.Mode)
+		for _, p := range s.trace {
+			fmt.Fprintf(w, "%.6f %.3f\n", p.start.Seconds(), float64(p.lat)/float64(time.Millisecond))
+		}
+		_ = w.Flush() // a trace is best effort
+	}
 }
 
 // RunOpen runs the open loop of SPEC §13 and waits for every stream to end.
@@ -312,6 +339,7 @@ func (r *Runner) RunOpen(ctx context.Context, cfg Config) (Result, error) {
 	self0 := selfCPU()
 	var wg sync.WaitGroup
 	start := time.Now()
+	s.t0 = start
 	var lastArrival time.Time
 	for i := 0; i < total; i++ {
 		due := start.Add(time.Duration(i) * interval)
@@ -372,6 +400,7 @@ func (r *Runner) RunClosed(ctx context.Context, cfg Config) (Result, error) {
 	cpu0, cpuOK := r.sampleCPU()
 	self0 := selfCPU()
 	start := time.Now()
+	s.t0 = start
 	deadline := start.Add(cfg.Duration)
 	var wg sync.WaitGroup
 	for w := 0; w < cfg.Concurrency; w++ {
