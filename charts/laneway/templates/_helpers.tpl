@@ -1,0 +1,103 @@
+{{/*
+Names. Every object of a release is prefixed with laneway.fullname; the
+picker's Service carries the full name itself, because the InferencePool's
+endpointPickerRef and the Envoy configuration point at it.
+*/}}
+{{- define "laneway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "laneway.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "laneway.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The Envoy data plane's objects. */}}
+{{- define "laneway.envoyName" -}}
+{{- printf "%s-envoy" (include "laneway.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The InferencePool the picker serves. */}}
+{{- define "laneway.poolName" -}}
+{{- default (include "laneway.fullname" .) .Values.inferencePool.name }}
+{{- end }}
+
+{{- define "laneway.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "laneway.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "laneway.labels" -}}
+helm.sh/chart: {{ include "laneway.chart" . }}
+app.kubernetes.io/name: {{ include "laneway.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: laneway
+{{- end }}
+
+{{/* Selector labels of the picker's pods. */}}
+{{- define "laneway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "laneway.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: endpoint-picker
+{{- end }}
+
+{{/* Selector labels of the Envoy pods. */}}
+{{- define "laneway.envoySelectorLabels" -}}
+app.kubernetes.io/name: {{ include "laneway.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: envoy
+{{- end }}
+
+{{/*
+Leader election: "auto" follows the replica count. Two active pickers would
+each hold their own queue and split every class's share, so "disabled" with
+more than one replica is refused rather than rendered.
+*/}}
+{{- define "laneway.leaderElection" -}}
+{{- $mode := .Values.epp.leaderElection }}
+{{- $replicas := int .Values.epp.replicas }}
+{{- if eq $mode "enabled" }}true
+{{- else if eq $mode "disabled" }}
+{{- if gt $replicas 1 }}
+{{- fail (printf "epp.leaderElection is \"disabled\" with epp.replicas %d: replicas without leader election would each run their own queue and split the classes' shares; use \"auto\" or one replica" $replicas) }}
+{{- end }}false
+{{- else if gt $replicas 1 }}true
+{{- else }}false
+{{- end }}
+{{- end }}
+
+{{/* The epp image reference. */}}
+{{- define "laneway.eppImage" -}}
+{{- printf "%s:%s" .Values.epp.image.repository (default .Chart.AppVersion .Values.epp.image.tag) }}
+{{- end }}
+
+{{/*
+A DNS-1123 object name for a policy class: <pool>[-<model>]-<class>,
+lowercased, other characters as '-'. Called with (dict "pool" "model"
+"class").
+*/}}
+{{- define "laneway.classObjectName" -}}
+{{- $parts := list .pool }}
+{{- if .model }}{{- $parts = append $parts .model }}{{- end }}
+{{- $parts = append $parts .class }}
+{{- $raw := join "-" $parts | lower }}
+{{- regexReplaceAll "[^a-z0-9.-]" $raw "-" | trunc 200 | trimSuffix "-" | trimSuffix "." }}
+{{- end }}
