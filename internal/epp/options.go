@@ -60,6 +60,9 @@ type Options struct {
 	PolicyPollInterval time.Duration
 	// Verbosity is the log level (-v): 2 default, 3 verbose, 4 debug, 5 trace.
 	Verbosity int
+	// PprofPort, when > 0, serves net/http/pprof on BindAddress:PprofPort.
+	// Off by default: profiles expose internals and cost CPU when taken.
+	PprofPort int
 
 	// Kubernetes mode (PoolName set): endpoints come from an InferencePool's
 	// pods and the policy from its PolicyClass and PolicyProfile objects.
@@ -161,6 +164,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "Largest request body accepted (400 beyond it).")
 	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config is checked for changes.")
 	fs.IntVarP(&o.Verbosity, "v", "v", o.Verbosity, "Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.")
+	fs.IntVar(&o.PprofPort, "pprof-port", o.PprofPort, "Serve net/http/pprof on this port (0: off).")
 
 	k := &o.Kube
 	fs.StringVar(&k.PoolName, "pool-name", k.PoolName, "Kubernetes mode: the InferencePool whose ready pods are the endpoints and whose PolicyClass objects are the policy.")
@@ -199,7 +203,7 @@ func (o *Options) Validate() error {
 			errs = append(errs, fmt.Errorf("--endpoints: %q is not ip:port: %w", ep, err))
 		}
 	}
-	for name, p := range map[string]int{"--grpc-port": o.GRPCPort, "--grpc-health-port": o.GRPCHealthPort, "--metrics-port": o.MetricsPort} {
+	for name, p := range map[string]int{"--grpc-port": o.GRPCPort, "--grpc-health-port": o.GRPCHealthPort, "--metrics-port": o.MetricsPort, "--pprof-port": o.PprofPort} {
 		if p < 0 || p > 65535 {
 			errs = append(errs, fmt.Errorf("%s: %d is not a port", name, p))
 		}
