@@ -75,17 +75,25 @@ func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 	defer stopMgr()
 	srvCtx, stopSrv := context.WithCancel(ctx)
 	defer stopSrv()
+	gateCtx, stopGate := context.WithCancel(mgrCtx)
+	gateDone := make(chan struct{})
+	go func() {
+		defer close(gateDone)
+		gateReadiness(gateCtx, srv, ctrls.Synced(), mgr.Elected(), opts.Kube.LeaderElection, log)
+	}()
 	mgrErr := make(chan error, 1)
 	go func() {
 		err := mgr.Start(mgrCtx)
 		if err != nil {
 			log.Error(err, "controller manager stopped; shutting down")
 		}
+		// The gate must not open after this point.
+		stopGate()
+		<-gateDone
 		srv.SetNotReady(ReasonNotLeader)
 		stopSrv()
 		mgrErr <- err
 	}()
-	go gateReadiness(mgrCtx, srv, ctrls.Synced(), mgr.Elected(), opts.Kube.LeaderElection, log)
 
 	srvErr := srv.Run(srvCtx)
 	stopMgr()
@@ -110,6 +118,9 @@ func gateReadiness(ctx context.Context, srv *Server, synced, elected <-chan stru
 	case <-elected:
 	case <-ctx.Done():
 		return
+	}
+	if ctx.Err() != nil {
+		return // both were ready: stopping wins
 	}
 	srv.SetReady(true)
 	log.Info("ready: caches synced, endpoints and policy loaded", "leader", election)
