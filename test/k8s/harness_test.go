@@ -33,6 +33,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/tools/clientcmd"
@@ -720,57 +721,76 @@ func policyClass(name, pool string, quantum int64, threshold *int64) *v1alpha1.P
 // waitClass watches the PolicyClass until cond holds and returns it.
 func (e *env) waitClass(name string, what string, cond func(*v1alpha1.PolicyClass) bool) *v1alpha1.PolicyClass {
 	e.t.Helper()
+	return waitObject(e, &v1alpha1.PolicyClassList{}, name, what, cond)
+}
+
+// waitProfile watches the PolicyProfile until cond holds and returns it.
+func (e *env) waitProfile(name string, what string, cond func(*v1alpha1.PolicyProfile) bool) *v1alpha1.PolicyProfile {
+	e.t.Helper()
+	return waitObject(e, &v1alpha1.PolicyProfileList{}, name, what, cond)
+}
+
+// waitObject lists and then watches list's kind in e's namespace until the
+// object called name satisfies cond.
+func waitObject[T client.Object](e *env, list client.ObjectList, name, what string, cond func(T) bool) T {
+	e.t.Helper()
 	wc, err := client.NewWithWatch(adminCfg, client.Options{Scheme: admin.Scheme()})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	c, cancel := context.WithTimeout(context.Background(), eventTimeout)
 	defer cancel()
-	var list v1alpha1.PolicyClassList
-	if err := wc.List(c, &list, client.InNamespace(e.ns)); err != nil {
-		e.t.Fatalf("list PolicyClasses: %v", err)
+	if err := wc.List(c, list, client.InNamespace(e.ns)); err != nil {
+		e.t.Fatalf("list %T: %v", list, err)
 	}
-	for i := range list.Items {
-		if list.Items[i].Name == name && cond(&list.Items[i]) {
-			return &list.Items[i]
-		}
-	}
-	w, err := wc.Watch(c, &v1alpha1.PolicyClassList{}, client.InNamespace(e.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
+	items, err := apimeta.ExtractList(list)
 	if err != nil {
-		e.t.Fatalf("watch PolicyClasses: %v", err)
+		e.t.Fatal(err)
 	}
-	defer w.Stop()
-	var last *v1alpha1.PolicyClass
-	for ev := range w.ResultChan() {
-		if pc, ok := ev.Object.(*v1alpha1.PolicyClass); ok && pc.Name == name {
-			last = pc
-			if cond(pc) {
-				return pc
+	var last T
+	for _, it := range items {
+		if o, ok := it.(T); ok && o.GetName() == name {
+			last = o
+			if cond(o) {
+				return o
 			}
 		}
 	}
-	e.t.Fatalf("PolicyClass %s: not %s within %s; last seen status %+v", name, what, eventTimeout, statusOf(last))
-	return nil
-}
-
-func statusOf(pc *v1alpha1.PolicyClass) any {
-	if pc == nil {
-		return nil
+	w, err := wc.Watch(c, list, client.InNamespace(e.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.GetResourceVersion()}})
+	if err != nil {
+		e.t.Fatalf("watch %T: %v", list, err)
 	}
-	return pc.Status
+	defer w.Stop()
+	for ev := range w.ResultChan() {
+		if o, ok := ev.Object.(T); ok && o.GetName() == name {
+			last = o
+			if cond(o) {
+				return o
+			}
+		}
+	}
+	e.t.Fatalf("%T %s: not %s within %s; last seen %+v", last, name, what, eventTimeout, last)
+	return last
 }
 
 // accepted returns a condition check: Accepted has status st and reason,
 // for the object's current generation.
 func accepted(st metav1.ConditionStatus, reason string) func(*v1alpha1.PolicyClass) bool {
 	return func(pc *v1alpha1.PolicyClass) bool {
-		for _, c := range pc.Status.Conditions {
-			if c.Type == v1alpha1.ConditionAccepted {
-				return c.Status == st && c.Reason == reason && c.ObservedGeneration == pc.Generation && pc.Status.ObservedGeneration == pc.Generation
-			}
-		}
-		return false
+		return isAccepted(pc.Status.Conditions, pc.Status.ObservedGeneration, pc.Generation, st, reason)
 	}
+}
+
+// profileAccepted is accepted for a PolicyProfile.
+func profileAccepted(st metav1.ConditionStatus, reason string) func(*v1alpha1.PolicyProfile) bool {
+	return func(pp *v1alpha1.PolicyProfile) bool {
+		return isAccepted(pp.Status.Conditions, pp.Status.ObservedGeneration, pp.Generation, st, reason)
+	}
+}
+
+func isAccepted(conds []metav1.Condition, observed, gen int64, st metav1.ConditionStatus, reason string) bool {
+	c := apimeta.FindStatusCondition(conds, v1alpha1.ConditionAccepted)
+	return c != nil && c.Status == st && c.Reason == reason && c.ObservedGeneration == gen && observed == gen
 }
 
 // acceptedCondition returns the class's Accepted condition.

@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -121,6 +124,28 @@ func TestInvalidPolicyKeepsLastGood(t *testing.T) {
 	e.waitClass("bronze", "accepted", accepted("True", "Accepted"))
 	dispatchedAs("bronze", "bronze")
 	dispatchedAs("", "bronze") // now the alphabetically first
+
+	// A PolicyProfile names the default class; it is judged and reported
+	// with the classes.
+	prof := &v1alpha1.PolicyProfile{ObjectMeta: metav1.ObjectMeta{Name: "pool"}}
+	prof.Spec.PoolRef.Name = "pool"
+	prof.Spec.DefaultPolicyClass = "silver"
+	e.create(prof)
+	e.waitProfile("pool", "accepted", profileAccepted("True", "Accepted"))
+	dispatchedAs("", "silver")
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := admin.Get(ctx(t), client.ObjectKeyFromObject(prof), prof); err != nil {
+			return err
+		}
+		prof.Spec.DefaultPolicyClass = "platinum" // no such class
+		return admin.Update(ctx(t), prof)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := e.waitProfile("pool", "rejected", profileAccepted("False", v1alpha1.ReasonInvalid))
+	t.Logf("profile naming a missing default class: %s", apimeta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionAccepted).Message)
+	dispatchedAs("", "silver")
 }
 
 // TestQuantumChangeUnderLoad: 240 requests of two classes wait behind a
