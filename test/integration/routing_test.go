@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/laneway-dev/laneway/internal/extprocclient"
@@ -343,4 +344,73 @@ func TestCancelWhileQueued(t *testing.T) {
 	}
 	completeStream(t, next)
 	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", a)
+}
+
+// TestResetAfterPickReleases: a gateway that resets a routed stream before
+// any response (client gone, upstream failure) releases the endpoint's
+// accounting, and the request queued behind it is dispatched.
+func TestResetAfterPickReleases(t *testing.T) {
+	checkGoroutines(t)
+	bs := startBackends(t, 1)
+	a := bs[0].addr
+	p := startEPP(t, eppOptions{endpoints: addrs(bs), policy: writePolicy(t, busyPolicy)})
+	c := p.client(t, extprocclient.Options{})
+
+	big := mustStart(t, c, spec(tokens(500, 1)))
+	mustRoute(t, big)
+	queued := startAsync(testCtx(t), c, "queued", spec(tokens(50, 2)))
+	p.waitMetric(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+
+	if err := big.Close(); err != nil { // no response yet: the stream is reset
+		t.Fatal(err)
+	}
+	s := await(t, queued)
+	defer s.ex.Close()
+	mustRoute(t, s.ex)
+	fams := p.scrape(t)
+	if n, _ := metricSum(fams, "laneway_endpoint_in_flight_requests", "endpoint", a); n != 1 {
+		t.Errorf("in flight = %v, want only the released request", n)
+	}
+	if n, _ := metricSum(fams, "laneway_endpoint_active_prefill_tokens", "endpoint", a); n != 50 {
+		t.Errorf("active prefill = %v, want the released request's 50", n)
+	}
+	completeStream(t, s.ex)
+	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", a)
+	p.waitMetric(t, 0, "laneway_endpoint_active_prefill_tokens", "endpoint", a)
+}
+
+// TestMalformedBody400: a body the picker cannot read is answered 400
+// with reason malformed_body, and nothing is charged.
+func TestMalformedBody400(t *testing.T) {
+	checkGoroutines(t)
+	bs := startBackends(t, 1)
+	p := startEPP(t, eppOptions{endpoints: addrs(bs)})
+	c := p.client(t, extprocclient.Options{})
+	cases := []struct {
+		name string
+		body string
+	}{
+		{"not JSON", `{"model": "m", "prompt": [1, 2`},
+		{"no prompt", `{"model": "m", "max_tokens": 1}`},
+		{"prompt and messages", `{"model": "m", "prompt": "a", "messages": [{"role": "user", "content": "b"}]}`},
+		{"negative token id", `{"model": "m", "prompt": [1, -2]}`},
+		{"priority out of range", `{"model": "m", "prompt": [1], "nvext": {"agent_hints": {"priority": 3000000000}}}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ir := immediate(t, mustStart(t, c, spec([]byte(tc.body))), http.StatusBadRequest, "malformed_body")
+			var body struct {
+				Error string `json:"error"`
+			}
+			if err := json.Unmarshal(ir.Body, &body); err != nil || body.Error == "" {
+				t.Errorf("400 body %q: want JSON with an error message (%v)", ir.Body, err)
+			}
+			if strings.Contains(string(ir.Body), tc.body) {
+				t.Errorf("400 body quotes the request body: %s", ir.Body)
+			}
+		})
+	}
+	if n := p.metric(t, "laneway_endpoint_in_flight_requests"); n != 0 {
+		t.Errorf("in flight after 400s = %v", n)
+	}
 }
