@@ -12,6 +12,9 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/laneway-dev/laneway/pkg/drr"
+	"github.com/laneway-dev/laneway/pkg/picker"
+	"github.com/laneway-dev/laneway/pkg/podmetrics"
+	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
 // Options configure a Dispatcher.
@@ -27,7 +30,41 @@ type Options struct {
 	// Picker chooses among eligible endpoints; nil means least active
 	// prefill tokens, then fewest in-flight requests.
 	Picker Picker
+
+	// ExpectMetrics makes every endpoint count as stale — busy, and ranked
+	// last — until SetEndpointMetrics delivers fresh metrics for it: with
+	// scraping on, an endpoint whose load is unknown must not look idle.
+	ExpectMetrics bool
+	// DefaultEngine is the engine of endpoints whose Endpoint.Engine is
+	// empty or unknown.
+	DefaultEngine policy.Engine
+	// OnEndpoints, when set, is called with every endpoint set given to
+	// SetEndpoints, on the caller's goroutine, after the loop has it (the
+	// scraper starts and stops its targets here, in Kubernetes mode too).
+	// It must not modify the slice.
+	OnEndpoints func([]Endpoint)
+	// Prefix turns on the prefix-cache index; nil leaves Ticket.Cached as
+	// the parser set it.
+	Prefix *PrefixOptions
 }
+
+// PrefixOptions configure the prefix-cache index.
+type PrefixOptions struct {
+	// BlockSize is the hashing block size in tokens until an engine
+	// reports a larger one (0 means DefaultBlockSize). BlockSize() returns
+	// the current value for the request parser.
+	BlockSize int
+	// Index configures the per-endpoint index (capacity, TTL).
+	Index picker.IndexOptions
+}
+
+// DefaultBlockSize is the prefix hashing block size when nothing else is
+// known: vLLM's default KV block size.
+const DefaultBlockSize = 16
+
+// unseenRequestSeed is the prompt size assumed for a request seen waiting
+// in an engine before this picker dispatched any request of its own.
+const unseenRequestSeed = 1024
 
 // Dispatcher is the single owner of the DRR state and endpoint accounting.
 // Create it with New, start Run on one goroutine, then call Acquire from
@@ -52,6 +89,16 @@ type Dispatcher struct {
 	timer    *time.Timer
 	cands    []Candidate // scratch for picks
 	order    []int       // scratch for picks
+
+	// Endpoint intelligence (loop-owned unless noted).
+	index      *picker.Index // nil: no prefix index
+	indexGen   uint64        // bumped by every Record
+	overlap    []int         // by EndpointID: blocks cached, valid for overlapFor at overlapGen
+	overlapFor *waiter
+	overlapGen uint64
+	baseBS     int          // PrefixOptions.BlockSize
+	hashBS     atomic.Int64 // read by request goroutines through BlockSize
+	meanPrompt uint64       // moving mean of dispatched uncached tokens
 }
 
 type endpoint struct {
@@ -62,7 +109,28 @@ type endpoint struct {
 	removed       bool
 	activePrefill uint64
 	inFlight      int
+
+	engine policy.Engine
+	// stale: metrics are expected and not fresh (busy, ranked last).
+	stale bool
+	// peakInFlight is the most requests this picker had in flight there
+	// since the last metrics delivery: the most of the engine's queue that
+	// can be ours.
+	peakInFlight int
+	// unseenWaiting and unseenPrefill: the engine's waiting requests that
+	// are not ours, and the prompt tokens the busy test counts for them.
+	unseenWaiting int
+	unseenPrefill uint64
+	// decoding is our requests past their first byte and not finished;
+	// running the engine's running requests at the last scrape.
+	decoding int
+	running  int
+	// engineBS is the engine's reported KV block size (0 unknown).
+	engineBS int
 }
+
+// load is the prefill the busy test counts: ours plus the unseen estimate.
+func (e *endpoint) load() uint64 { return drr.SaturatingAdd(e.activePrefill, e.unseenPrefill) }
 
 type cmdKind uint8
 
@@ -75,6 +143,7 @@ const (
 	cmdPolicy
 	cmdSnapshot
 	cmdShutdown
+	cmdMetrics
 )
 
 type command struct {
@@ -83,7 +152,15 @@ type command struct {
 	g     *Grant
 	eps   []Endpoint
 	pol   *Policy
+	mu    *metricsUpdate
 	reply chan any
+}
+
+// metricsUpdate is one SetEndpointMetrics call.
+type metricsUpdate struct {
+	addr  string
+	m     podmetrics.Metrics
+	stale bool
 }
 
 // waiter is one Acquire call. The loop owns every field but reply, which
@@ -131,6 +208,15 @@ func New(pol *Policy, opts Options) (*Dispatcher, error) {
 		d.opts.Picker = LeastLoaded{}
 	}
 	d.probe = prober{d}
+	d.meanPrompt = unseenRequestSeed
+	d.baseBS = DefaultBlockSize
+	if p := opts.Prefix; p != nil {
+		d.index = picker.NewIndex(p.Index)
+		if p.BlockSize > 0 {
+			d.baseBS = p.BlockSize
+		}
+	}
+	d.hashBS.Store(int64(d.baseBS))
 	return d, nil
 }
 
@@ -208,8 +294,24 @@ func (d *Dispatcher) Acquire(ctx context.Context, t *Ticket) (*Grant, error) {
 // shared requests are re-examined.
 func (d *Dispatcher) SetEndpoints(eps []Endpoint) {
 	cp := append([]Endpoint(nil), eps...)
-	d.send(command{kind: cmdEndpoints, eps: cp})
+	if d.send(command{kind: cmdEndpoints, eps: cp}) && d.opts.OnEndpoints != nil {
+		d.opts.OnEndpoints(cp)
+	}
 }
+
+// SetEndpointMetrics delivers a scrape of the endpoint at addr (it
+// implements podmetrics.Sink): fresh metrics (stale false) update its
+// unseen load, KV use and cache geometry; stale true makes it busy and
+// ranked last until fresh metrics come. Unknown addresses are ignored.
+func (d *Dispatcher) SetEndpointMetrics(addr string, m podmetrics.Metrics, stale bool) {
+	d.send(command{kind: cmdMetrics, mu: &metricsUpdate{addr: addr, m: m, stale: stale}})
+}
+
+// BlockSize is the block size, in tokens, at which request parsers should
+// hash prompts for the prefix index: PrefixOptions.BlockSize, or the
+// largest KV block size an endpoint reports if that is larger. Safe for
+// concurrent use.
+func (d *Dispatcher) BlockSize() int { return int(d.hashBS.Load()) }
 
 // SetPolicy swaps the class table without losing or reordering queued
 // requests: each is resolved again with the new policy. An invalid policy
@@ -288,6 +390,10 @@ func (d *Dispatcher) handle(c command) {
 	case cmdShutdown:
 		d.shutdown()
 		c.reply <- nil
+	case cmdMetrics:
+		if d.setMetrics(c.mu) {
+			d.drain()
+		}
 	}
 }
 
@@ -325,6 +431,13 @@ func (d *Dispatcher) admit(w *waiter) {
 	if err := d.resolveAllow(w); err != nil {
 		d.reject(w, err, "no_endpoints")
 		return
+	}
+	if d.snapshotCached(w) {
+		// The cached tokens pick the cache bucket (SPEC §1, §2).
+		t.Class = d.pol.Resolve(t)
+		if t.Class < 0 || t.Class >= len(d.pol.Classes) {
+			t.Class = 0
+		}
 	}
 	v := d.judge(t.Class, w)
 	if v == drr.Unroutable {
@@ -411,8 +524,10 @@ func (d *Dispatcher) eligible(e *endpoint, w *waiter) bool {
 	return !e.tainted || w.pinned != drr.NoEndpoint
 }
 
+// busy is the class's busy test (SPEC §5) on the endpoint's prefill load,
+// ours plus the unseen estimate; an endpoint with stale metrics is busy.
 func (d *Dispatcher) busy(e *endpoint, class int) bool {
-	return d.pol.Busy[class].EndpointBusy(e.activePrefill, e.maxBatched)
+	return e.stale || d.pol.Busy[class].EndpointBusy(e.load(), e.maxBatched)
 }
 
 // judge is the busy test of SPEC §5 over a request's eligible endpoints.
@@ -517,10 +632,23 @@ func (d *Dispatcher) armTimer() {
 func (d *Dispatcher) grant(w *waiter, queued bool) {
 	t := w.t
 	d.cands = d.cands[:0]
+	reuse := d.overlapFor == w && d.overlapGen == d.indexGen
+	hashes := d.cacheableBlocks(t)
+	now := d.now()
 	for _, id := range d.candidates(w) {
 		e := d.endpointByID(id)
 		if !d.eligible(e, w) {
 			continue
+		}
+		var cached uint64
+		if len(hashes) > 0 {
+			n := 0
+			if reuse {
+				n = d.overlap[id]
+			} else {
+				n = d.index.Overlap(int(id), hashes, now)
+			}
+			cached = min(uint64(n)*uint64(t.BlockSize), t.RawISL)
 		}
 		d.cands = append(d.cands, Candidate{
 			ID:            e.id,
@@ -528,8 +656,13 @@ func (d *Dispatcher) grant(w *waiter, queued bool) {
 			ActivePrefill: e.activePrefill,
 			InFlight:      e.inFlight,
 			Busy:          d.busy(e, t.Class),
+			Stale:         e.stale,
+			CachedTokens:  cached,
+			UnseenPrefill: e.unseenPrefill,
+			Decoding:      max(e.decoding, e.running),
 		})
 	}
+	d.overlapFor = nil
 	if len(d.cands) == 0 {
 		d.reject(w, d.noEndpoint(w), "no_endpoints")
 		return
@@ -544,10 +677,17 @@ func (d *Dispatcher) grant(w *waiter, queued bool) {
 		addrs[i] = d.cands[d.order[i]].Addr
 	}
 	e := d.eps[d.cands[d.order[0]].ID]
-	g := &Grant{d: d, ep: e, Endpoints: addrs, prefill: t.Uncached()}
+	g := &Grant{d: d, ep: e, Endpoints: addrs, Engine: e.engine, prefill: t.Uncached()}
 	e.activePrefill = drr.SaturatingAdd(e.activePrefill, g.prefill)
 	e.inFlight++
+	e.peakInFlight = max(e.peakInFlight, e.inFlight)
 	d.sched.EndpointChanged(e.id)
+	if d.index != nil && len(t.Blocks) > 0 && t.BlockSize > 0 {
+		d.index.Record(int(e.id), t.Blocks, t.BlockSize, now)
+		d.indexGen++
+	}
+	// The unseen-load estimate: a moving mean (1/16) of what we dispatch.
+	d.meanPrompt = d.meanPrompt - d.meanPrompt/16 + g.prefill/16
 	var wait time.Duration
 	if queued {
 		wait = time.Duration(d.now() - w.arrival)
@@ -589,6 +729,8 @@ func (d *Dispatcher) prefillDone(g *Grant) {
 	} else {
 		e.activePrefill = 0
 	}
+	// Past prefill the request decodes.
+	e.decoding++
 	if !e.removed {
 		d.sched.EndpointChanged(e.id)
 	}
@@ -596,20 +738,27 @@ func (d *Dispatcher) prefillDone(g *Grant) {
 
 func (d *Dispatcher) finish(g *Grant) {
 	d.prefillDone(g)
-	if g.ep.inFlight > 0 {
-		g.ep.inFlight--
+	e := g.ep
+	if e.inFlight > 0 {
+		e.inFlight--
+	}
+	if e.decoding > 0 {
+		e.decoding--
 	}
 }
 
 func (d *Dispatcher) setEndpoints(eps []Endpoint) {
+	d.overlapFor = nil // per-endpoint overlaps may name other endpoints now
 	seen := make(map[string]bool, len(eps))
 	for _, in := range eps {
 		if in.Addr == "" || seen[in.Addr] {
 			continue
 		}
 		seen[in.Addr] = true
+		eng := EngineOf(in.Engine, d.opts.DefaultEngine)
 		if id, ok := d.byAddr[in.Addr]; ok {
 			e := d.eps[id]
+			e.engine = eng
 			if e.maxBatched != in.MaxBatchedTokens || e.tainted != in.Tainted {
 				e.maxBatched, e.tainted = in.MaxBatchedTokens, in.Tainted
 				d.sched.EndpointChanged(id)
@@ -624,7 +773,11 @@ func (d *Dispatcher) setEndpoints(eps []Endpoint) {
 			id = drr.EndpointID(len(d.eps))
 			d.eps = append(d.eps, nil)
 		}
-		d.eps[id] = &endpoint{id: id, addr: in.Addr, maxBatched: in.MaxBatchedTokens, tainted: in.Tainted}
+		d.eps[id] = &endpoint{id: id, addr: in.Addr, maxBatched: in.MaxBatchedTokens, tainted: in.Tainted,
+			engine: eng, stale: d.opts.ExpectMetrics}
+		if d.index != nil {
+			d.index.Drop(int(id)) // a reused ID starts with an empty index
+		}
 		d.byAddr[in.Addr] = id
 		d.sched.EndpointChanged(id)
 	}
@@ -635,9 +788,15 @@ func (d *Dispatcher) setEndpoints(eps []Endpoint) {
 			delete(d.byAddr, addr)
 			d.sched.EndpointChanged(id)
 			removed = append(removed, id)
+			if d.index != nil {
+				d.index.Drop(int(id))
+			}
 		}
 	}
 	d.rebuildIndex()
+	if len(removed) > 0 {
+		d.updateHashBlockSize()
+	}
 	if len(removed) > 0 {
 		// Lanes of removed endpoints empty out (503) in this drain; only
 		// then may their IDs be reused.
@@ -689,9 +848,14 @@ func (d *Dispatcher) snapshot() Snapshot {
 	s := Snapshot{Classes: d.sched.Stats(), Queued: d.sched.Len()}
 	for _, id := range d.live {
 		e := d.eps[id]
-		s.Endpoints = append(s.Endpoints, EndpointSnapshot{
+		es := EndpointSnapshot{
 			Addr: e.addr, ActivePrefill: e.activePrefill, InFlight: e.inFlight, Tainted: e.tainted,
-		})
+			Stale: e.stale, UnseenWaiting: e.unseenWaiting, UnseenPrefill: e.unseenPrefill,
+		}
+		if d.index != nil {
+			es.IndexTokens = d.index.Stats(int(id)).Tokens
+		}
+		s.Endpoints = append(s.Endpoints, es)
 	}
 	return s
 }
@@ -733,6 +897,8 @@ type Grant struct {
 	ep *endpoint
 	// Endpoints is the pick followed by ordered fallbacks ("ip:port").
 	Endpoints []string
+	// Engine is the picked endpoint's engine (for the priority polarity).
+	Engine policy.Engine
 
 	prefill         uint64 // loop-owned
 	prefillReleased bool   // loop-owned

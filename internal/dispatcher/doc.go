@@ -11,6 +11,13 @@
 // no goroutine per queued request: a waiting caller blocks on a buffered
 // channel and its own context.
 //
+// The loop also owns the endpoint intelligence: scraped metrics arrive
+// through SetEndpointMetrics (an endpoint with stale or not yet scraped
+// metrics is busy and ranked last; waiting requests in its engine beyond
+// what this picker has in flight there count as unseen prefill load), and
+// the prefix-cache index of pkg/picker sets a ticket's cached tokens at
+// admission and learns every pick.
+//
 // Every Acquire gets exactly one result. A caller whose context ends while
 // queued is removed at once; if the loop had already granted it, the grant
 // is released so the endpoint's accounting does not leak.

@@ -53,9 +53,20 @@ type Ticket struct {
 	// RawISL and Cached are the cost snapshot of SPEC §1.
 	RawISL uint64
 	Cached uint64
-	// Priority and Strict are the ordering hints of SPEC §3.
-	Priority int32
-	Strict   uint32
+	// Priority and Strict are the ordering hints of SPEC §3. HasPriority
+	// says the request carried a priority hint (body or header), which is
+	// what may be forwarded to the engine.
+	Priority    int32
+	Strict      uint32
+	HasPriority bool
+	// Blocks are the prompt's chained block hashes (pkg/tokenize) at
+	// BlockSize tokens per block, for the prefix-cache index: the dispatcher
+	// fills Cached from them at admission (the best overlap over the
+	// eligible endpoints) and records them on the endpoint it picks. Nil
+	// leaves Cached as it is. The dispatcher reads them until Acquire
+	// returns a grant or an error other than the caller's context's.
+	Blocks    []uint64
+	BlockSize int
 	// Allow, when HasAllow, restricts the request to these "ip" or
 	// "ip:port" entries (subset hint, conformance header). An empty list
 	// with HasAllow answers 503. When it names exactly one endpoint the
@@ -84,6 +95,24 @@ type Endpoint struct {
 	// Tainted endpoints take no new unpinned requests (being deleted, not
 	// ready, or annotated NoSchedule).
 	Tainted bool
+	// Engine names the model server's engine (vllm, sglang, trtllm: the
+	// pod label inference.networking.k8s.io/engine-type); empty, or a name
+	// policy.ParseEngine does not know, means Options.DefaultEngine. It
+	// chooses the metric names scraped and the polarity of a forwarded
+	// priority.
+	Engine string
+}
+
+// EngineOf resolves an endpoint's engine name against the default.
+func EngineOf(name string, def policy.Engine) policy.Engine {
+	if name == "" {
+		return def
+	}
+	e, err := policy.ParseEngine(name)
+	if err != nil {
+		return def
+	}
+	return e
 }
 
 // NoEndpointError answers 503: no endpoint is eligible for the request.
@@ -139,6 +168,15 @@ type EndpointSnapshot struct {
 	ActivePrefill uint64
 	InFlight      int
 	Tainted       bool
+	// Stale: the endpoint's metrics are expected and not fresh.
+	Stale bool
+	// UnseenWaiting is the estimate of requests waiting in the engine that
+	// this picker did not send, and UnseenPrefill their prompt tokens as
+	// the busy test counts them.
+	UnseenWaiting int
+	UnseenPrefill uint64
+	// IndexTokens is the prompt tokens the prefix index remembers for it.
+	IndexTokens uint64
 }
 
 // Snapshot is the dispatcher's state at one instant.

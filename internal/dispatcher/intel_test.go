@@ -1,0 +1,411 @@
+package dispatcher
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/laneway-dev/laneway/pkg/drr"
+	"github.com/laneway-dev/laneway/pkg/podmetrics"
+	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/tokenize"
+)
+
+// recordingPicker wraps a picker and keeps the candidates of every pick.
+type recordingPicker struct {
+	inner Picker
+	mu    sync.Mutex
+	picks [][]Candidate
+}
+
+func (r *recordingPicker) Pick(t *Ticket, cands []Candidate, out []int) []int {
+	r.mu.Lock()
+	r.picks = append(r.picks, slices.Clone(cands))
+	r.mu.Unlock()
+	return r.inner.Pick(t, cands, out)
+}
+
+func (r *recordingPicker) last(t *testing.T) map[string]Candidate {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.picks) == 0 {
+		t.Fatal("no pick recorded")
+	}
+	out := map[string]Candidate{}
+	for _, c := range r.picks[len(r.picks)-1] {
+		out[c.Addr] = c
+	}
+	return out
+}
+
+// oneClass is one fcfs class with a busy threshold (or none when 0).
+func oneClass(threshold uint64) *Policy {
+	rule := policy.BusyTest{}
+	if threshold > 0 {
+		rule = policy.BusyTest{Threshold: threshold, HasThreshold: true}
+	}
+	return &Policy{
+		Classes: []drr.ClassConfig{{Name: "standard", Quantum: 1, Policy: drr.FCFS, Queueing: threshold > 0,
+			RequestLimitPerWorker: drr.NoLimit, RawISLLimitPerWorker: drr.NoLimit, CachedLimitPerWorker: drr.NoLimit}},
+		Busy:    []policy.BusyTest{rule},
+		Resolve: func(*Ticket) int { return 0 },
+	}
+}
+
+func startWith(t *testing.T, p *Policy, o Options, eps ...Endpoint) *Dispatcher {
+	t.Helper()
+	d, err := New(p, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go d.Run(ctx)
+	t.Cleanup(func() { cancel(); <-d.done })
+	d.SetEndpoints(eps)
+	return d
+}
+
+// promptTicket is a ticket for a token-id prompt of n tokens whose first
+// shared tokens are common to every prompt of the same base.
+func promptTicket(n, shared int, base, seed uint32, bs int) *Ticket {
+	toks := make([]uint32, n)
+	for i := range toks {
+		if i < shared {
+			toks[i] = base*100003 + uint32(i)
+		} else {
+			toks[i] = seed*7919 + uint32(i)*31 + 1<<30
+		}
+	}
+	return &Ticket{RawISL: uint64(n), Blocks: tokenize.BlockHashes(toks, bs), BlockSize: bs}
+}
+
+func mustAcquire(t *testing.T, d *Dispatcher, tk *Ticket) *Grant {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	g, err := d.Acquire(ctx, tk)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	return g
+}
+
+func eps(addrs ...string) []Endpoint {
+	var out []Endpoint
+	for _, a := range addrs {
+		out = append(out, Endpoint{Addr: a, MaxBatchedTokens: 8192})
+	}
+	return out
+}
+
+func TestPrefixSnapshotAndAffinity(t *testing.T) {
+	rec := &recordingPicker{inner: NewCostPicker(1, 1)}
+	d := startWith(t, oneClass(0), Options{Picker: rec, Prefix: &PrefixOptions{}},
+		eps("127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1")...)
+
+	first := promptTicket(1000, 1000, 1, 1, 16)
+	g := mustAcquire(t, d, first)
+	if first.Cached != 0 {
+		t.Fatalf("first sight of a prompt: Cached = %d, want 0", first.Cached)
+	}
+	home := g.Endpoints[0]
+	g.FirstByte()
+	g.Done()
+
+	// The same prompt again: 62 full blocks are cacheable ((1000-1)/16),
+	// and the endpoint that has them wins.
+	again := promptTicket(1000, 1000, 1, 1, 16)
+	g = mustAcquire(t, d, again)
+	if again.Cached != 62*16 {
+		t.Errorf("repeat: Cached = %d, want %d", again.Cached, 62*16)
+	}
+	if g.Endpoints[0] != home {
+		t.Errorf("repeat went to %s, want %s which served it before", g.Endpoints[0], home)
+	}
+	cands := rec.last(t)
+	if c := cands[home]; c.CachedTokens != 62*16 {
+		t.Errorf("candidate %s CachedTokens = %d, want %d", home, c.CachedTokens, 62*16)
+	}
+	for addr, c := range cands {
+		if addr != home && c.CachedTokens != 0 {
+			t.Errorf("candidate %s CachedTokens = %d, want 0", addr, c.CachedTokens)
+		}
+	}
+	g.Done()
+
+	// A prompt sharing its first 480 tokens (30 blocks).
+	shared := promptTicket(2000, 480, 1, 2, 16)
+	g = mustAcquire(t, d, shared)
+	if shared.Cached != 30*16 || g.Endpoints[0] != home {
+		t.Errorf("shared prefix: Cached = %d on %s, want %d on %s", shared.Cached, g.Endpoints[0], 30*16, home)
+	}
+	g.Done()
+
+	// Pinned elsewhere: the snapshot is the pinned endpoint's (nothing).
+	other := "127.0.0.2:1"
+	if other == home {
+		other = "127.0.0.3:1"
+	}
+	pinned := promptTicket(1000, 1000, 1, 1, 16)
+	pinned.Allow, pinned.HasAllow = []string{other}, true
+	g = mustAcquire(t, d, pinned)
+	if pinned.Cached != 0 || g.Endpoints[0] != other {
+		t.Errorf("pinned to %s: Cached = %d on %s, want 0 on the pinned endpoint", other, pinned.Cached, g.Endpoints[0])
+	}
+	g.Done()
+}
+
+// TestPrefixAffinityYieldsToLoad: the cached endpoint loses once its load
+// costs more than the prefill the cache saves.
+func TestPrefixAffinityYieldsToLoad(t *testing.T) {
+	start := func() *Dispatcher {
+		return startWith(t, oneClass(0), Options{Picker: NewCostPicker(1, 1), Prefix: &PrefixOptions{}},
+			eps("127.0.0.2:1", "127.0.0.3:1")...)
+	}
+	repeat := func() *Ticket { return promptTicket(1600, 1600, 1, 1, 16) }
+
+	// While the first is in prefill (100 blocks), a repeat costs 1 + 100
+	// at home and 100 elsewhere: waiting for that prefill is no better than
+	// doing it again.
+	d := start()
+	g := mustAcquire(t, d, repeat())
+	home := g.Endpoints[0]
+	if g2 := mustAcquire(t, d, repeat()); g2.Endpoints[0] == home {
+		t.Fatalf("repeat during the first prefill went home %s (cost 101 vs 100)", home)
+	}
+
+	// Once it decodes, a repeat costs 1 + 1 at home.
+	d = start()
+	g = mustAcquire(t, d, repeat())
+	home = g.Endpoints[0]
+	g.FirstByte()
+	g3 := mustAcquire(t, d, repeat())
+	if g3.Endpoints[0] != home {
+		t.Fatalf("repeat went to %s, want home %s (cost 2 vs 100)", g3.Endpoints[0], home)
+	}
+	g3.Done()
+	// An unrelated 3200-token prefill pinned at home outweighs the cache.
+	big := promptTicket(3200, 0, 0, 5, 16)
+	big.Allow, big.HasAllow = []string{home}, true
+	mustAcquire(t, d, big)
+	if g4 := mustAcquire(t, d, repeat()); g4.Endpoints[0] == home {
+		t.Fatalf("repeat went home %s behind 200 blocks of prefill", home)
+	}
+}
+
+func TestCachedTokensPickTheBucket(t *testing.T) {
+	// Two classes by uncached tokens: < 500 -> "small" (index 0), else
+	// "large".
+	p := oneClass(0)
+	p.Classes = append(p.Classes, drr.ClassConfig{Name: "large", Quantum: 1, Policy: drr.FCFS,
+		RequestLimitPerWorker: drr.NoLimit, RawISLLimitPerWorker: drr.NoLimit, CachedLimitPerWorker: drr.NoLimit})
+	p.Classes[0].Name = "small"
+	p.Busy = append(p.Busy, policy.BusyTest{})
+	p.Resolve = func(t *Ticket) int {
+		if t.Uncached() < 500 {
+			return 0
+		}
+		return 1
+	}
+	d := startWith(t, p, Options{Prefix: &PrefixOptions{}}, eps("127.0.0.2:1")...)
+	a := promptTicket(1000, 1000, 1, 1, 16)
+	mustAcquire(t, d, a).Done()
+	if a.Class != 1 {
+		t.Fatalf("cold prompt class %d, want large", a.Class)
+	}
+	b := promptTicket(1000, 1000, 1, 1, 16)
+	mustAcquire(t, d, b).Done()
+	if b.Class != 0 || b.Uncached() != 1000-62*16 {
+		t.Fatalf("warm prompt class %d with %d uncached, want small with %d", b.Class, b.Uncached(), 1000-62*16)
+	}
+}
+
+func TestStaleAndUnseenLoadHoldRequests(t *testing.T) {
+	ep := "127.0.0.2:1"
+	d := startWith(t, oneClass(1536), Options{ExpectMetrics: true}, eps(ep)...)
+	ctx := context.Background()
+
+	// Not scraped yet: busy, so a queueing class holds the request.
+	ch := acquireAsync(ctx, d, &Ticket{RawISL: 100})
+	waitQueued(t, d, 1)
+	snap, _ := d.Snapshot()
+	if !snap.Endpoints[0].Stale {
+		t.Fatalf("endpoint before its first scrape: %+v, want stale", snap.Endpoints[0])
+	}
+	d.SetEndpointMetrics(ep, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running}, false)
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("after fresh metrics: %v", r.err)
+	}
+	r.g.FirstByte()
+	r.g.Done()
+	// A delivery after it finished: the engine's queue can no longer hold
+	// it.
+	d.SetEndpointMetrics(ep, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running}, false)
+
+	// Two requests waiting in the engine that we did not send, at the seed
+	// estimate of 1024 tokens, exceed 1536: busy.
+	d.SetEndpointMetrics(ep, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running, Waiting: 2, Running: 4}, false)
+	ch = acquireAsync(ctx, d, &Ticket{RawISL: 100})
+	waitQueued(t, d, 1)
+	snap, _ = d.Snapshot()
+	if e := snap.Endpoints[0]; e.UnseenWaiting != 2 || e.UnseenPrefill < 1536 {
+		t.Fatalf("endpoint %+v: want 2 unseen waiting counted past 1536 tokens", e)
+	}
+	d.SetEndpointMetrics(ep, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running, Running: 4}, false)
+	r = <-ch
+	if r.err != nil {
+		t.Fatalf("after the engine queue emptied: %v", r.err)
+	}
+
+	// Our own request waiting in the engine is not unseen load, even when
+	// it finishes before the scrape that saw it is delivered.
+	d.SetEndpointMetrics(ep, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running, Waiting: 1}, false)
+	snap, _ = d.Snapshot()
+	if e := snap.Endpoints[0]; e.UnseenWaiting != 0 {
+		t.Fatalf("our in-flight request counted as unseen: %+v", e)
+	}
+	r.g.Done()
+	d.SetEndpointMetrics(ep, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running, Waiting: 1}, false)
+	snap, _ = d.Snapshot()
+	if e := snap.Endpoints[0]; e.UnseenWaiting != 0 {
+		t.Fatalf("a request that finished after the scrape counted as unseen: %+v", e)
+	}
+	// The next delivery forgets it: one waiting is now a stranger.
+	d.SetEndpointMetrics(ep, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running, Waiting: 1}, false)
+	snap, _ = d.Snapshot()
+	if e := snap.Endpoints[0]; e.UnseenWaiting != 1 {
+		t.Fatalf("endpoint %+v: want 1 unseen waiting", e)
+	}
+
+	// Stale again: busy until fresh.
+	d.SetEndpointMetrics(ep, podmetrics.Metrics{}, true)
+	ch = acquireAsync(ctx, d, &Ticket{RawISL: 100})
+	waitQueued(t, d, 1)
+	d.SetEndpointMetrics(ep, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running}, false)
+	if r = <-ch; r.err != nil {
+		t.Fatalf("after recovery: %v", r.err)
+	}
+	r.g.Done()
+	// Unknown addresses are ignored.
+	d.SetEndpointMetrics("127.0.0.9:9", podmetrics.Metrics{}, true)
+}
+
+func TestStaleRankedLastAndCandidateLoad(t *testing.T) {
+	rec := &recordingPicker{inner: NewCostPicker(3, 1)}
+	a, b, c := "127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1"
+	d := startWith(t, oneClass(0), Options{Picker: rec, ExpectMetrics: true, MaxFallbacks: 2}, eps(a, b, c)...)
+	full := podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks
+	d.SetEndpointMetrics(a, podmetrics.Metrics{Known: full, Running: 5, BlockSize: 16, NumBlocks: 1000}, false)
+	d.SetEndpointMetrics(b, podmetrics.Metrics{Known: full, BlockSize: 32, NumBlocks: 1000}, false)
+	// c is never scraped: stale, so last even though a is loaded.
+	g := mustAcquire(t, d, &Ticket{RawISL: 64})
+	if !slices.Equal(g.Endpoints, []string{b, a, c}) {
+		t.Fatalf("order %v, want [b a c]: a runs 5 sequences, c is stale", g.Endpoints)
+	}
+	cands := rec.last(t)
+	if got := cands[a].Decoding; got != 5 {
+		t.Errorf("a Decoding %d, want the engine's 5 running", got)
+	}
+	if !cands[c].Stale || !cands[c].Busy || cands[a].Stale {
+		t.Errorf("candidates %+v: want only c stale (and busy)", cands)
+	}
+	if bs := d.BlockSize(); bs != 32 {
+		t.Errorf("BlockSize() = %d, want the largest reported (32)", bs)
+	}
+	// Our own request past its first byte decodes there.
+	g.FirstByte()
+	mustAcquire(t, d, &Ticket{RawISL: 64}).Done()
+	if got := rec.last(t)[b].Decoding; got != 1 {
+		t.Errorf("b Decoding %d while our request decodes there, want 1", got)
+	}
+	g.Done()
+	d.SetEndpoints(eps(a))
+	d.Snapshot() // the loop has applied the removal
+	if bs := d.BlockSize(); bs != DefaultBlockSize {
+		t.Errorf("BlockSize() = %d after b left, want %d", bs, DefaultBlockSize)
+	}
+}
+
+func TestOnEndpointsAndEngines(t *testing.T) {
+	var got [][]Endpoint
+	var mu sync.Mutex
+	d := startWith(t, oneClass(0), Options{DefaultEngine: policy.EngineSGLang, OnEndpoints: func(e []Endpoint) {
+		mu.Lock()
+		got = append(got, e)
+		mu.Unlock()
+	}}, Endpoint{Addr: "127.0.0.2:1"}, Endpoint{Addr: "127.0.0.3:1", Engine: "vllm"}, Endpoint{Addr: "127.0.0.4:1", Engine: "tgi"})
+	mu.Lock()
+	if len(got) != 1 || len(got[0]) != 3 {
+		t.Fatalf("OnEndpoints saw %v, want one set of 3", got)
+	}
+	mu.Unlock()
+	cases := []struct {
+		addr string
+		want policy.Engine
+	}{{"127.0.0.2:1", policy.EngineSGLang}, {"127.0.0.3:1", policy.EngineVLLM}, {"127.0.0.4:1", policy.EngineSGLang}}
+	for _, tc := range cases {
+		g := mustAcquire(t, d, &Ticket{RawISL: 1, Allow: []string{tc.addr}, HasAllow: true})
+		if g.Engine != tc.want {
+			t.Errorf("grant on %s: engine %v, want %v", tc.addr, g.Engine, tc.want)
+		}
+		g.Done()
+	}
+}
+
+// TestEnginesAgree: podmetrics and policy number the engines alike, so the
+// dispatcher converts between them by value.
+func TestEnginesAgree(t *testing.T) {
+	for _, name := range []string{"vllm", "sglang", "trtllm", "TRT-LLM"} {
+		pe, err1 := policy.ParseEngine(name)
+		me, err2 := podmetrics.ParseEngine(name)
+		if err1 != nil || err2 != nil || uint8(pe) != uint8(me) || pe.String() != me.String() {
+			t.Errorf("%s: policy %v (%v), podmetrics %v (%v)", name, pe, err1, me, err2)
+		}
+	}
+}
+
+// BenchmarkDecision is the loop's whole work for one direct request of a
+// 32k-token prompt over 100 endpoints: cost snapshot (prefix overlap on
+// every eligible endpoint), class resolution, busy test, offer, pick,
+// charge and index record, then release. Body parsing and hashing are not
+// included (pkg/tokenize and internal/epp measure them).
+func BenchmarkDecision(b *testing.B) {
+	for _, holders := range []int{0, 1, 100} {
+		b.Run(fmt.Sprintf("endpoints=100/holders=%d", holders), func(b *testing.B) {
+			d, err := New(oneClass(1<<40), Options{Picker: NewCostPicker(1, 1), Prefix: &PrefixOptions{}, MaxFallbacks: 0})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var list []Endpoint
+			for i := range 100 {
+				list = append(list, Endpoint{Addr: fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1), MaxBatchedTokens: 8192})
+			}
+			d.setEndpoints(list)
+			tk := promptTicket(32768, 32768, 1, 1, 16)
+			for i := range holders {
+				d.index.Record(int(d.live[i]), tk.Blocks[:len(tk.Blocks)*(i+1)/holders], 16, 0)
+			}
+			if holders == 0 {
+				tk = promptTicket(32768, 0, 0, 2, 16) // nothing of it anywhere
+			}
+			blocks := tk.Blocks
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				*tk = Ticket{RawISL: 32768, Blocks: blocks, BlockSize: 16}
+				w := &waiter{t: tk, reply: make(chan result, 1), pinned: drr.NoEndpoint}
+				d.admit(w)
+				r := <-w.reply
+				if r.err != nil {
+					b.Fatal(r.err)
+				}
+				d.finish(r.g)
+			}
+		})
+	}
+}
