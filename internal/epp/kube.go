@@ -87,10 +87,15 @@ func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 		if err != nil {
 			log.Error(err, "controller manager stopped; shutting down")
 		}
-		// The gate must not open after this point.
+		// The gate must not open after this point. A manager that stopped
+		// on its own lost the election; otherwise this is the SIGTERM drain.
 		stopGate()
 		<-gateDone
-		srv.SetNotReady(ReasonNotLeader)
+		reason := ReasonNotLeader
+		if ctx.Err() != nil {
+			reason = ReasonShuttingDown
+		}
+		srv.SetNotReady(reason)
 		stopSrv()
 		mgrErr <- err
 	}()

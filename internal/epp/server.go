@@ -61,8 +61,9 @@ type Server struct {
 
 // Reasons a replica that is not ready gives its 503 answers.
 const (
-	ReasonNotReady  = "not_ready"
-	ReasonNotLeader = "not_leader"
+	ReasonNotReady     = "not_ready"
+	ReasonNotLeader    = "not_leader"
+	ReasonShuttingDown = "shutting_down"
 )
 
 // NewServer builds the picker from options and a compiled policy, and
