@@ -33,6 +33,9 @@ type Handler struct {
 	// a replica that must not schedule (a follower, one whose caches are not
 	// synced) retries another.
 	Gate func() string
+	// Hooks, when set, hash prompts for the prefix index and see every
+	// routed request (metrics, priority forwarding).
+	Hooks RequestHooks
 }
 
 var _ extproc.Decider = (*Handler)(nil)
@@ -45,15 +48,24 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 		}
 	}
 	t := &dispatcher.Ticket{}
-	if err := h.Parser.Parse(req, t); err != nil {
+	blocks, err := h.parse(req, t)
+	if err != nil {
+		recycleBlocks(blocks, t)
 		return extproc.Decision{}, &extproc.Reply{Status: http.StatusBadRequest, Reason: "malformed_body", Message: err.Error()}
 	}
 	t.Allow, t.HasAllow = allowList(req)
 	g, err := h.Dispatcher.Acquire(ctx, t)
 	if err != nil {
+		// After the caller's own cancellation the loop may still read the
+		// ticket; its buffer is left to the collector then.
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			recycleBlocks(blocks, t)
+		}
 		return extproc.Decision{}, replyFor(err)
 	}
-	return extproc.Decision{Endpoints: g.Endpoints, Lifecycle: g}, nil
+	body := h.routed(req, t, g)
+	recycleBlocks(blocks, t)
+	return extproc.Decision{Endpoints: g.Endpoints, Body: body, Lifecycle: g}, nil
 }
 
 // allowList combines the subset hint and the conformance test header: a

@@ -68,6 +68,10 @@ type Options struct {
 	// pods and the policy from its PolicyClass and PolicyProfile objects.
 	Kube KubeOptions
 
+	// Intel is the endpoint intelligence: metrics scraping, prefix index,
+	// picker and priority forwarding (intel.go).
+	Intel IntelOptions
+
 	// Engine is EngineType parsed by Complete.
 	Engine policy.Engine
 }
@@ -132,6 +136,7 @@ func NewOptions() *Options {
 		MaxBodyBytes:       16 << 20,
 		PolicyPollInterval: time.Second,
 		Verbosity:          2,
+		Intel:              defaultIntelOptions(),
 		Kube: KubeOptions{
 			PoolNamespace: defaultPoolNamespace(),
 			PoolGroup:     DefaultPoolGroup,
@@ -165,6 +170,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config is checked for changes.")
 	fs.IntVarP(&o.Verbosity, "v", "v", o.Verbosity, "Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.")
 	fs.IntVar(&o.PprofPort, "pprof-port", o.PprofPort, "Serve net/http/pprof on this port (0: off).")
+	o.Intel.AddFlags(fs)
 
 	k := &o.Kube
 	fs.StringVar(&k.PoolName, "pool-name", k.PoolName, "Kubernetes mode: the InferencePool whose ready pods are the endpoints and whose PolicyClass objects are the policy.")
@@ -218,6 +224,7 @@ func (o *Options) Validate() error {
 		errs = append(errs, fmt.Errorf("--drain-timeout: %s is negative", o.DrainTimeout))
 	}
 	errs = append(errs, o.validateKube()...)
+	errs = append(errs, o.Intel.validate()...)
 	return errors.Join(errs...)
 }
 

@@ -14,9 +14,25 @@ import (
 
 // BodyParser reads an OpenAI-style request: the model, the prompt's token
 // count (SPEC §1 raw_isl) and the hints of SPEC §6 from body and headers.
-type BodyParser struct{}
+// Through ParseBlocks it also hashes the prompt into prefix-cache blocks,
+// in the same pass over the tokens.
+type BodyParser struct {
+	// Tokenizer counts the prompt; nil means EstimateTokenizer.
+	Tokenizer Tokenizer
+}
 
-var _ RequestParser = BodyParser{}
+var (
+	_ RequestParser = BodyParser{}
+	_ BlockParser   = BodyParser{}
+)
+
+// BlockParser is a RequestParser that can also fill Ticket.Blocks: the
+// prompt's chained block hashes at blockSize tokens per block, appended to
+// dst (a buffer the caller recycles once the dispatcher is done with the
+// ticket).
+type BlockParser interface {
+	ParseBlocks(req *extproc.Request, t *dispatcher.Ticket, blockSize int, dst []uint64) error
+}
 
 // tokenBufs recycles token slices: a 32k-token prompt would otherwise cost
 // a 128 kB allocation per request.
@@ -30,10 +46,23 @@ type bodyFields struct {
 }
 
 // Parse implements RequestParser.
-func (BodyParser) Parse(req *extproc.Request, t *dispatcher.Ticket) error {
+func (p BodyParser) Parse(req *extproc.Request, t *dispatcher.Ticket) error {
+	return p.ParseBlocks(req, t, 0, nil)
+}
+
+// ParseBlocks implements BlockParser; blockSize 0 computes no hashes.
+func (p BodyParser) ParseBlocks(req *extproc.Request, t *dispatcher.Ticket, blockSize int, dst []uint64) error {
+	tok := p.Tokenizer
+	if tok == nil {
+		tok = EstimateTokenizer{}
+	}
 	buf := tokenBufs.Get().(*[]uint32)
-	toks, err := tokenize.ExtractPrompt((*buf)[:0], req.Body)
+	toks, err := tok.AppendPromptTokens((*buf)[:0], req.Body)
 	n := len(toks)
+	if err == nil && blockSize > 0 {
+		t.Blocks = tokenize.AppendBlockHashes(dst, toks, blockSize)
+		t.BlockSize = blockSize
+	}
 	*buf = toks[:0]
 	tokenBufs.Put(buf)
 	if err != nil {
@@ -60,6 +89,7 @@ func (BodyParser) Parse(req *extproc.Request, t *dispatcher.Ticket) error {
 	t.ClassHeader = h.Class
 	t.RawISL = uint64(n)
 	t.Priority = h.Priority
+	t.HasPriority = h.HasPriority
 	t.Strict = h.StrictPriority
 	return nil
 }

@@ -46,6 +46,7 @@ type Server struct {
 	health  *health.Server
 	metrics *metrics.Metrics
 	reg     *prometheus.Registry
+	intel   *intel
 
 	grpcLn, healthLn, metricsLn net.Listener
 	grpcSrv, healthSrv          *grpc.Server
@@ -72,16 +73,22 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	s := &Server{opts: opts, log: log, reg: prometheus.NewRegistry()}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = metrics.New(s.reg, "")
-	d, err := dispatcher.New(pol, dispatcher.Options{
+	dopts := dispatcher.Options{
 		MaxFallbacks: opts.MaxFallbacks,
 		Observer:     s.metrics,
 		Log:          log.WithName("dispatcher"),
-	})
+	}
+	s.intel = newIntel(opts, log)
+	s.intel.configure(&dopts)
+	d, err := dispatcher.New(pol, dopts)
 	if err != nil {
 		return nil, err
 	}
 	s.disp = d
 	s.metrics.SetSource(d)
+	if err := s.intel.attach(d, s.reg); err != nil {
+		return nil, err
+	}
 
 	var creds []grpc.ServerOption
 	if opts.SecureServing {
@@ -98,7 +105,7 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	s.grpcSrv = grpc.NewServer(creds...)
 	notReady := ReasonNotReady
 	s.notServing.Store(&notReady) // health is set up below
-	extproc.NewServer(&Handler{Parser: parser, Dispatcher: d, Gate: s.gate}, extproc.Options{
+	extproc.NewServer(&Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel}, extproc.Options{
 		MaxBodyBytes:   opts.MaxBodyBytes,
 		Logger:         log.WithName("extproc"),
 		Observer:       s.metrics,
@@ -233,6 +240,7 @@ func (s *Server) Run(ctx context.Context) error {
 	shutCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = s.metricsSrv.Shutdown(shutCtx)
+	s.intel.stop()
 	stopLoop()
 	<-loopDone
 	return runErr

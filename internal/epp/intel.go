@@ -1,0 +1,320 @@
+package epp
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+
+	"github.com/laneway-dev/laneway/internal/dispatcher"
+	"github.com/laneway-dev/laneway/pkg/extproc"
+	"github.com/laneway-dev/laneway/pkg/picker"
+	"github.com/laneway-dev/laneway/pkg/podmetrics"
+	"github.com/laneway-dev/laneway/pkg/policy"
+)
+
+// Picker names of --picker.
+const (
+	PickerPrefix      = "prefix"
+	PickerLeastLoaded = "least-loaded"
+)
+
+// IntelOptions are the endpoint-intelligence settings: model-server
+// metrics scraping, the prefix-cache index, the picker's cost function and
+// priority forwarding.
+type IntelOptions struct {
+	// ScrapeMetrics scrapes every endpoint's /metrics. Endpoints then count
+	// as busy (and are picked last) until their first good scrape and
+	// whenever their metrics go stale; turn it off for backends that are
+	// not model servers.
+	ScrapeMetrics bool
+	// ScrapeInterval, MetricsStaleness and ScrapeTimeout: see
+	// podmetrics.ScrapeOptions (zero staleness is two intervals, zero
+	// timeout is the staleness).
+	ScrapeInterval   time.Duration
+	MetricsStaleness time.Duration
+	ScrapeTimeout    time.Duration
+	// Picker is PickerPrefix (prefix overlap and load) or
+	// PickerLeastLoaded (the baseline: least active prefill).
+	Picker string
+	// PrefixBlockSize is the hashing block size in tokens until an engine
+	// reports a larger KV block size.
+	PrefixBlockSize int
+	// PrefixCacheTokens is an endpoint's cache size for the index until
+	// its engine reports num_gpu_blocks × block_size.
+	PrefixCacheTokens uint64
+	// PrefixCacheTTL ages index entries out this long after their last
+	// use (0: by capacity only).
+	PrefixCacheTTL time.Duration
+	// ForwardPriority rewrites the body's top-level priority to the soft
+	// priority hint in the engine's polarity (SPEC §6).
+	ForwardPriority bool
+}
+
+// defaultIntelOptions returns the defaults.
+func defaultIntelOptions() IntelOptions {
+	return IntelOptions{
+		ScrapeMetrics:     true,
+		ScrapeInterval:    podmetrics.DefaultScrapeInterval,
+		Picker:            PickerPrefix,
+		PrefixBlockSize:   dispatcher.DefaultBlockSize,
+		PrefixCacheTokens: picker.DefaultCapacityTokens,
+		PrefixCacheTTL:    10 * time.Minute,
+	}
+}
+
+// AddFlags binds the options to fs.
+func (o *IntelOptions) AddFlags(fs *pflag.FlagSet) {
+	fs.BoolVar(&o.ScrapeMetrics, "scrape-metrics", o.ScrapeMetrics, "Scrape every endpoint's /metrics (vLLM, SGLang or TRT-LLM names, per --engine-type or the pod's engine-type label). An endpoint is busy and picked last until its first good scrape and while its metrics are stale; turn off for backends that are not model servers.")
+	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "Time between two scrapes of one endpoint.")
+	fs.DurationVar(&o.MetricsStaleness, "metrics-staleness", o.MetricsStaleness, "Age of an endpoint's last good scrape (from its start) past which the endpoint counts as busy and is picked last (0: two scrape intervals).")
+	fs.DurationVar(&o.ScrapeTimeout, "scrape-timeout", o.ScrapeTimeout, "Bound on one scrape (0: the staleness bound).")
+	fs.StringVar(&o.Picker, "picker", o.Picker, "Endpoint choice: prefix (prefix-cache overlap plus load) or least-loaded (least active prefill tokens).")
+	fs.IntVar(&o.PrefixBlockSize, "prefix-block-size", o.PrefixBlockSize, "Tokens per prefix-cache block for the prefix index, until an engine reports a larger KV block size.")
+	fs.Uint64Var(&o.PrefixCacheTokens, "prefix-cache-tokens", o.PrefixCacheTokens, "Prompt tokens the prefix index remembers per endpoint until its engine reports its cache size (num_gpu_blocks × block_size).")
+	fs.DurationVar(&o.PrefixCacheTTL, "prefix-cache-ttl", o.PrefixCacheTTL, "How long the prefix index remembers a prompt after its last use (0: forever, bounded by cache size).")
+	fs.BoolVar(&o.ForwardPriority, "forward-priority", o.ForwardPriority, "Set the body's top-level priority to the request's priority hint in the engine's polarity (vLLM: negated; SGLang: as is; TRT-LLM: not sent). vLLM refuses a non-zero priority unless started with --scheduling-policy priority.")
+}
+
+// scrapeOptions is the podmetrics view of the options.
+func (o *IntelOptions) scrapeOptions(log logr.Logger) podmetrics.ScrapeOptions {
+	return podmetrics.ScrapeOptions{
+		Interval:  o.ScrapeInterval,
+		Staleness: o.MetricsStaleness,
+		Timeout:   o.ScrapeTimeout,
+		Log:       log,
+	}
+}
+
+// validate checks the options.
+func (o *IntelOptions) validate() []error {
+	var errs []error
+	if o.ScrapeInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--scrape-interval: %s must be positive", o.ScrapeInterval))
+	}
+	if o.MetricsStaleness < 0 || o.ScrapeTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--metrics-staleness (%s) and --scrape-timeout (%s) must not be negative", o.MetricsStaleness, o.ScrapeTimeout))
+	}
+	if o.ScrapeInterval > 0 {
+		if err := o.scrapeOptions(logr.Discard()).Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("--metrics-staleness: %w", err))
+		}
+	}
+	if o.Picker != PickerPrefix && o.Picker != PickerLeastLoaded {
+		errs = append(errs, fmt.Errorf("--picker: %q is not %s or %s", o.Picker, PickerPrefix, PickerLeastLoaded))
+	}
+	if o.PrefixBlockSize < 1 {
+		errs = append(errs, fmt.Errorf("--prefix-block-size: %d must be at least 1", o.PrefixBlockSize))
+	}
+	if o.PrefixCacheTTL < 0 {
+		errs = append(errs, fmt.Errorf("--prefix-cache-ttl: %s is negative", o.PrefixCacheTTL))
+	}
+	return errs
+}
+
+// intel wires the endpoint intelligence into a server: the dispatcher's
+// picker, prefix index and metrics expectations, the scraper that feeds
+// it, and the handler hooks (prefix hashing, routed-request metrics and
+// priority forwarding).
+type intel struct {
+	opts   IntelOptions
+	engine policy.Engine
+	log    logr.Logger
+
+	disp    *dispatcher.Dispatcher
+	scraper *podmetrics.Scraper // nil when not scraping
+
+	promptTokens, cachedTokens *prometheus.CounterVec
+}
+
+var _ RequestHooks = (*intel)(nil)
+
+func newIntel(opts *Options, log logr.Logger) *intel {
+	return &intel{opts: opts.Intel, engine: opts.Engine, log: log}
+}
+
+// configure sets the dispatcher options the intelligence needs.
+func (in *intel) configure(o *dispatcher.Options) {
+	o.DefaultEngine = in.engine
+	o.ExpectMetrics = in.opts.ScrapeMetrics
+	o.Prefix = &dispatcher.PrefixOptions{
+		BlockSize: in.opts.PrefixBlockSize,
+		Index:     picker.IndexOptions{TTL: in.opts.PrefixCacheTTL, DefaultCapacity: in.opts.PrefixCacheTokens},
+	}
+	if in.opts.Picker == PickerPrefix {
+		o.Picker = dispatcher.NewCostPicker(1+o.MaxFallbacks, uint64(time.Now().UnixNano()))
+	} else {
+		o.Picker = dispatcher.LeastLoaded{}
+	}
+	if in.opts.ScrapeMetrics {
+		o.OnEndpoints = in.setTargets
+	}
+}
+
+// attach connects the built dispatcher: the scraper delivers to it, and
+// the intelligence's series go to reg.
+func (in *intel) attach(d *dispatcher.Dispatcher, reg prometheus.Registerer) error {
+	in.disp = d
+	if in.opts.ScrapeMetrics {
+		s, err := podmetrics.NewScraper(d, in.opts.scrapeOptions(in.log.WithName("scraper")))
+		if err != nil {
+			return fmt.Errorf("metrics scraper: %w", err)
+		}
+		in.scraper = s
+		if err := reg.Register(s); err != nil {
+			return fmt.Errorf("register scraper metrics: %w", err)
+		}
+	}
+	in.promptTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "laneway_routed_prompt_tokens_total",
+		Help: "Prompt tokens of the requests routed to an endpoint.",
+	}, []string{"endpoint"})
+	in.cachedTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "laneway_routed_cached_tokens_total",
+		Help: "Prompt tokens of the requests routed to an endpoint that the prefix index expected the endpoint to have cached (the cost snapshot's cached tokens).",
+	}, []string{"endpoint"})
+	return errors.Join(reg.Register(in.promptTokens), reg.Register(in.cachedTokens), reg.Register((*intelCollector)(in)))
+}
+
+// setTargets is the dispatcher's OnEndpoints hook: scrape what it routes
+// to.
+func (in *intel) setTargets(eps []dispatcher.Endpoint) {
+	if in.scraper == nil {
+		return
+	}
+	ts := make([]podmetrics.Target, 0, len(eps))
+	for _, e := range eps {
+		if e.Engine != "" {
+			if _, err := policy.ParseEngine(e.Engine); err != nil {
+				in.log.V(2).Info("unknown engine label; scraping with --engine-type names", "endpoint", e.Addr, "engine", e.Engine, "default", in.engine.String())
+			}
+		}
+		// policy and podmetrics number the engines alike.
+		ts = append(ts, podmetrics.Target{Addr: e.Addr, Engine: podmetrics.Engine(dispatcher.EngineOf(e.Engine, in.engine))})
+	}
+	in.scraper.SetTargets(ts)
+}
+
+// stop ends the scrape loops.
+func (in *intel) stop() {
+	if in.scraper != nil {
+		in.scraper.Stop()
+	}
+}
+
+// RequestHooks extend the Handler around the dispatcher.
+type RequestHooks interface {
+	// BlockSize is the prefix hashing block size for the next request; 0
+	// computes no hashes.
+	BlockSize() int
+	// Routed sees every request that got an endpoint; a non-nil result
+	// replaces the body sent upstream.
+	Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant) []byte
+}
+
+// BlockSize implements RequestHooks.
+func (in *intel) BlockSize() int { return in.disp.BlockSize() }
+
+// Routed implements RequestHooks: count the cost snapshot per endpoint,
+// log it at debug level (numbers only, never prompt text) and forward the
+// priority.
+func (in *intel) Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant) []byte {
+	ep := g.Endpoints[0]
+	in.promptTokens.WithLabelValues(ep).Add(float64(t.RawISL))
+	in.cachedTokens.WithLabelValues(ep).Add(float64(t.Cached))
+	if log := in.log.V(4); log.Enabled() {
+		log.Info("routed", "endpoint", ep, "rawISL", t.RawISL, "cachedTokens", t.Cached, "class", t.Class,
+			"priority", t.Priority, "hasPriority", t.HasPriority)
+	}
+	if !in.opts.ForwardPriority || !t.HasPriority {
+		return nil
+	}
+	v, ok := policy.ForwardPriority(g.Engine, t.Priority)
+	if !ok {
+		return nil
+	}
+	body, err := setTopLevelInt(req.Body, "priority", v)
+	if err != nil {
+		// The parser accepted the body, so this cannot happen; the request
+		// goes unchanged rather than failing.
+		in.log.V(4).Info("priority not forwarded", "error", err.Error())
+		return nil
+	}
+	return body
+}
+
+// blockBufs recycles Ticket.Blocks buffers: 2,048 hashes for a 32k-token
+// prompt would otherwise be a 16 kB allocation per request.
+var blockBufs = sync.Pool{New: func() any { s := make([]uint64, 0, 512); return &s }}
+
+// intelCollector exposes the dispatcher's per-endpoint intelligence.
+type intelCollector intel
+
+var (
+	unseenDesc = prometheus.NewDesc("laneway_endpoint_unseen_waiting_requests",
+		"Requests waiting in an endpoint's engine beyond those this picker has in flight there: load it did not send, counted as prefill by the busy test.",
+		[]string{"endpoint"}, nil)
+	indexTokensDesc = prometheus.NewDesc("laneway_endpoint_prefix_index_tokens",
+		"Prompt tokens the prefix index expects an endpoint to have cached.", []string{"endpoint"}, nil)
+)
+
+func (c *intelCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- unseenDesc
+	ch <- indexTokensDesc
+}
+
+func (c *intelCollector) Collect(ch chan<- prometheus.Metric) {
+	s, ok := c.disp.Snapshot()
+	if !ok {
+		return
+	}
+	for _, e := range s.Endpoints {
+		ch <- prometheus.MustNewConstMetric(unseenDesc, prometheus.GaugeValue, float64(e.UnseenWaiting), e.Addr)
+		ch <- prometheus.MustNewConstMetric(indexTokensDesc, prometheus.GaugeValue, float64(e.IndexTokens), e.Addr)
+	}
+}
+
+// maxKeptBlocks bounds the buffers blockBufs keeps (a 16 MiB body could
+// make one of several MiB).
+const maxKeptBlocks = 1 << 16
+
+// parse runs the parser, hashing the prompt's prefix-cache blocks when the
+// hooks ask for them; the buffer it returns goes back with recycleBlocks.
+func (h *Handler) parse(req *extproc.Request, t *dispatcher.Ticket) (*[]uint64, error) {
+	if h.Hooks != nil {
+		if bp, ok := h.Parser.(BlockParser); ok {
+			if bs := h.Hooks.BlockSize(); bs > 0 {
+				buf := blockBufs.Get().(*[]uint64)
+				return buf, bp.ParseBlocks(req, t, bs, (*buf)[:0])
+			}
+		}
+	}
+	return nil, h.Parser.Parse(req, t)
+}
+
+// recycleBlocks returns a ticket's hash buffer to the pool; call it only
+// once the dispatcher is done with the ticket.
+func recycleBlocks(buf *[]uint64, t *dispatcher.Ticket) {
+	if buf == nil {
+		return
+	}
+	if t.Blocks != nil {
+		*buf = t.Blocks[:0]
+		t.Blocks = nil
+	}
+	if cap(*buf) <= maxKeptBlocks {
+		blockBufs.Put(buf)
+	}
+}
+
+// routed applies the hooks to a granted request.
+func (h *Handler) routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant) []byte {
+	if h.Hooks == nil {
+		return nil
+	}
+	return h.Hooks.Routed(req, t, g)
+}
