@@ -398,6 +398,9 @@ func (e *env) startEPP(name, pool string, args ...string) *eppProc {
 		"--secure-serving=false",
 		"--drain-timeout=5s",
 		"--status-interval=200ms",
+		// The pods' addresses serve no model-server /metrics here: with
+		// scraping on every pod would stay busy (unknown load).
+		"--scrape-metrics=false",
 	}, args...)
 	p.cmd = exec.Command(eppBinary, all...)
 	// Only the kubeconfig flag may say where the API server is.
