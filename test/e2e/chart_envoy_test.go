@@ -1,0 +1,173 @@
+package e2e
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	healthcheckv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/health_check/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/laneway-dev/laneway/pkg/extproc"
+)
+
+// unpackValid decodes an Any and runs the message's generated validation,
+// which does not reach inside Any fields on its own.
+func unpackValid(t *testing.T, what string, a *anypb.Any, out proto.Message) {
+	t.Helper()
+	if err := a.UnmarshalTo(out); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if v, ok := out.(interface{ ValidateAll() error }); ok {
+		if err := v.ValidateAll(); err != nil {
+			t.Fatalf("%s does not validate: %v", what, err)
+		}
+	}
+}
+
+// TestChartEnvoyConfig parses the Envoy data plane's configuration as an
+// Envoy v3 Bootstrap (there is no Envoy binary here, so the API's own
+// validation rules are the check) and verifies the SPEC §7 wiring, with the
+// picker serving TLS (the default) and plaintext (the envoy CI set).
+func TestChartEnvoyConfig(t *testing.T) {
+	sets := ciValueSets(t)
+	tests := []struct {
+		name   string
+		render renderArgs
+		tls    bool
+	}{
+		{name: "tls", tls: true, render: renderArgs{release: "gw", namespace: "edge", set: []string{"envoy.enabled=true", "envoy.messageTimeout=120s"}}},
+		{name: "plaintext", render: renderArgs{release: "gw", namespace: "edge", valuesFiles: []string{sets["envoy"]}, set: []string{"envoy.messageTimeout=120s"}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, tc.render)
+			cm := fromUnstructured[corev1.ConfigMap](t, mustFind(t, objs, "ConfigMap", "gw-laneway-envoy"))
+			js, err := yaml.YAMLToJSON([]byte(cm.Data["envoy.yaml"]))
+			if err != nil {
+				t.Fatalf("envoy.yaml is not YAML: %v", err)
+			}
+			var bs bootstrapv3.Bootstrap
+			if err := protojson.Unmarshal(js, &bs); err != nil {
+				t.Fatalf("envoy.yaml is not a v3 Bootstrap: %v\n%s", err, cm.Data["envoy.yaml"])
+			}
+			if err := bs.ValidateAll(); err != nil {
+				t.Fatalf("bootstrap does not validate: %v", err)
+			}
+			if a := bs.GetAdmin().GetAddress().GetSocketAddress().GetAddress(); a != "127.0.0.1" {
+				t.Errorf("admin listens on %q, want loopback only", a)
+			}
+
+			clusters := map[string]*clusterv3.Cluster{}
+			for _, c := range bs.GetStaticResources().GetClusters() {
+				clusters[c.GetName()] = c
+			}
+			pool := clusters["inference_pool"]
+			if pool.GetType() != clusterv3.Cluster_ORIGINAL_DST || pool.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED ||
+				!pool.GetOriginalDstLbConfig().GetUseHttpHeader() ||
+				pool.GetOriginalDstLbConfig().GetHttpHeaderName() != extproc.HeaderDestinationEndpoint {
+				t.Errorf("inference_pool is not ORIGINAL_DST/CLUSTER_PROVIDED on %s: %v", extproc.HeaderDestinationEndpoint, pool)
+			}
+
+			epp := clusters["laneway_epp"]
+			if epp.GetType() != clusterv3.Cluster_STRICT_DNS {
+				t.Errorf("laneway_epp type %v, want STRICT_DNS (the picker's Service)", epp.GetType())
+			}
+			sa := epp.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
+			if sa.GetAddress() != "gw-laneway.edge.svc" || sa.GetPortValue() != 9002 {
+				t.Errorf("laneway_epp targets %s:%d, want the picker Service gw-laneway.edge.svc:9002", sa.GetAddress(), sa.GetPortValue())
+			}
+			var po upstreamhttpv3.HttpProtocolOptions
+			unpackValid(t, "laneway_epp protocol options", epp.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"], &po)
+			if po.GetExplicitHttpConfig().GetHttp2ProtocolOptions() == nil {
+				t.Error("laneway_epp does not speak HTTP/2")
+			}
+			if tc.tls {
+				var tlsCtx tlsv3.UpstreamTlsContext
+				unpackValid(t, "laneway_epp TLS", epp.GetTransportSocket().GetTypedConfig(), &tlsCtx)
+				if alpn := tlsCtx.GetCommonTlsContext().GetAlpnProtocols(); !slices.Equal(alpn, []string{"h2"}) {
+					t.Errorf("laneway_epp ALPN %v, want [h2]", alpn)
+				}
+			} else if epp.GetTransportSocket() != nil {
+				t.Errorf("laneway_epp uses TLS although the picker serves plaintext: %v", epp.GetTransportSocket())
+			}
+			hcs := epp.GetHealthChecks()
+			if len(hcs) != 1 || hcs[0].GetGrpcHealthCheck().GetServiceName() != extproc.ServiceName {
+				t.Errorf("laneway_epp health checks %v, want gRPC on %s", hcs, extproc.ServiceName)
+			}
+
+			listeners := map[string]*hcmv3.HttpConnectionManager{}
+			for _, l := range bs.GetStaticResources().GetListeners() {
+				var hcm hcmv3.HttpConnectionManager
+				unpackValid(t, "listener "+l.GetName(), l.GetFilterChains()[0].GetFilters()[0].GetTypedConfig(), &hcm)
+				listeners[l.GetName()] = &hcm
+			}
+			filters := listeners["inference"].GetHttpFilters()
+			if len(filters) != 2 || filters[0].GetName() != "envoy.filters.http.ext_proc" || filters[1].GetName() != "envoy.filters.http.router" {
+				t.Fatalf("inference listener filters %v, want ext_proc then router", filters)
+			}
+			var ep extprocfilterv3.ExternalProcessor
+			unpackValid(t, "ext_proc filter", filters[0].GetTypedConfig(), &ep)
+			pm := ep.GetProcessingMode()
+			full, send := extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_SEND
+			if pm.GetRequestHeaderMode() != send || pm.GetResponseHeaderMode() != send ||
+				pm.GetRequestBodyMode() != full || pm.GetResponseBodyMode() != full ||
+				pm.GetRequestTrailerMode() != send || pm.GetResponseTrailerMode() != send {
+				t.Errorf("processing mode %v, want headers SEND and bodies FULL_DUPLEX_STREAMED", pm)
+			}
+			if ep.GetFailureModeAllow() || ep.GetAllowModeOverride() {
+				t.Error("ext_proc must not fail open or allow mode overrides")
+			}
+			if ep.GetGrpcService().GetEnvoyGrpc().GetClusterName() != "laneway_epp" {
+				t.Errorf("ext_proc talks to %v", ep.GetGrpcService())
+			}
+			if got := ep.GetMessageTimeout().AsDuration(); got != 120*time.Second {
+				t.Errorf("message_timeout %v, want envoy.messageTimeout 120s", got)
+			}
+			if fwd := ep.GetMetadataOptions().GetForwardingNamespaces().GetUntyped(); !slices.Equal(fwd, []string{extproc.MetadataNamespaceSubset, extproc.MetadataNamespaceLB}) {
+				t.Errorf("forwarded metadata namespaces %v", fwd)
+			}
+			if rcv := ep.GetMetadataOptions().GetReceivingNamespaces().GetUntyped(); !slices.Equal(rcv, []string{extproc.MetadataNamespaceLB}) {
+				t.Errorf("received metadata namespaces %v", rcv)
+			}
+
+			ready := listeners["readiness"].GetHttpFilters()
+			if len(ready) == 0 || ready[0].GetName() != "envoy.filters.http.health_check" {
+				t.Fatalf("readiness listener filters %v, want health_check first", ready)
+			}
+			var hc healthcheckv3.HealthCheck
+			unpackValid(t, "health_check filter", ready[0].GetTypedConfig(), &hc)
+			if hc.GetPassThroughMode().GetValue() {
+				t.Error("readiness health_check passes through; it must answer itself")
+			}
+
+			// The picker returns one endpoint for ORIGINAL_DST, and Envoy's
+			// pod probes the readiness listener.
+			dep := fromUnstructured[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "gw-laneway"))
+			if !slices.Contains(dep.Spec.Template.Spec.Containers[0].Args, "--max-fallbacks=0") {
+				t.Errorf("picker args %v lack --max-fallbacks=0", dep.Spec.Template.Spec.Containers[0].Args)
+			}
+			envoy := fromUnstructured[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "gw-laneway-envoy"))
+			probe := envoy.Spec.Template.Spec.Containers[0].ReadinessProbe
+			if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != "/ready" || probe.HTTPGet.Port.String() != "http-ready" {
+				t.Errorf("Envoy readiness probe %+v, want GET /ready on http-ready", probe)
+			}
+			if !strings.Contains(cm.Data["envoy.yaml"], "port_value: 19001") {
+				t.Error("readiness listener is not on envoy.readinessPort 19001")
+			}
+		})
+	}
+}

@@ -1,0 +1,568 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/laneway-dev/laneway/api/v1alpha1"
+	"github.com/laneway-dev/laneway/internal/metrics"
+	"github.com/laneway-dev/laneway/pkg/policy"
+)
+
+// ciValueSets returns charts/laneway/ci/*-values.yaml by short name
+// ("default", "ha", ...), the value sets `make lint-chart` renders.
+func ciValueSets(t testing.TB) map[string]string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(chartDir(), "ci", "*-values.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no value sets in %s/ci (%v)", chartDir(), err)
+	}
+	sets := map[string]string{}
+	for _, f := range files {
+		sets[strings.TrimSuffix(filepath.Base(f), "-values.yaml")] = f
+	}
+	return sets
+}
+
+// fromUnstructured converts a rendered object to its typed form.
+func fromUnstructured[T any](t testing.TB, o *unstructured.Unstructured) *T {
+	t.Helper()
+	out := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, out, true); err != nil {
+		t.Fatalf("%s %s does not convert to %T: %v", o.GetKind(), o.GetName(), out, err)
+	}
+	return out
+}
+
+// TestChartCRDsInSync keeps the chart's CRD copies identical to the
+// generated and vendored ones in config/crd; `make chart-crds` copies them.
+func TestChartCRDsInSync(t *testing.T) {
+	pairs := []struct{ chart, config string }{
+		{"crds/laneway.dev_policyclasses.yaml", "config/crd/bases/laneway.dev_policyclasses.yaml"},
+		{"crds/laneway.dev_policyprofiles.yaml", "config/crd/bases/laneway.dev_policyprofiles.yaml"},
+		{"files/inference.networking.k8s.io_inferencepools.yaml", "config/crd/external/inference.networking.k8s.io_inferencepools.yaml"},
+	}
+	// Every generated CRD must be in the chart, not only the ones above.
+	bases, err := filepath.Glob(filepath.Join(shared.root, "config", "crd", "bases", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bases) != 2 {
+		t.Errorf("config/crd/bases holds %d CRDs, the chart ships 2: add the new one to charts/laneway/crds and this test", len(bases))
+	}
+	for _, p := range pairs {
+		got, err := os.ReadFile(filepath.Join(chartDir(), p.chart))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := os.ReadFile(filepath.Join(shared.root, p.config))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("charts/laneway/%s differs from %s; run `make chart-crds`", p.chart, p.config)
+		}
+	}
+}
+
+// TestChartRoleMatchesConfigRBAC: the chart's Role grants exactly the
+// rules of config/rbac/role.yaml, which controller-gen generates from the
+// controllers' RBAC markers, so the chart can neither grant more than the
+// picker needs nor miss a rule it needs.
+func TestChartRoleMatchesConfigRBAC(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(shared.root, "config", "rbac", "role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want rbacv1.Role
+	if err := yaml.UnmarshalStrict(raw, &want); err != nil {
+		t.Fatalf("config/rbac/role.yaml: %v", err)
+	}
+	if len(want.Rules) == 0 {
+		t.Fatal("config/rbac/role.yaml has no rules")
+	}
+	for name, file := range ciValueSets(t) {
+		objs := render(t, renderArgs{release: "rbac", namespace: "ns-" + name, valuesFiles: []string{file}})
+		role := fromUnstructured[rbacv1.Role](t, mustFind(t, objs, "Role", ""))
+		if !reflect.DeepEqual(role.Rules, want.Rules) {
+			gotY, _ := yaml.Marshal(role.Rules)
+			wantY, _ := yaml.Marshal(want.Rules)
+			t.Errorf("%s: chart Role rules differ from config/rbac/role.yaml; copy them into templates/rbac.yaml\nchart:\n%s\nconfig/rbac:\n%s", name, gotY, wantY)
+		}
+		if role.Namespace != "ns-"+name {
+			t.Errorf("%s: Role in namespace %q, want the release namespace", name, role.Namespace)
+		}
+		binding := fromUnstructured[rbacv1.RoleBinding](t, mustFind(t, objs, "RoleBinding", ""))
+		sa := mustFind(t, objs, "ServiceAccount", "")
+		dep := fromUnstructured[appsv1.Deployment](t, mustFind(t, objs, "Deployment", role.Name))
+		if binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 || binding.Subjects[0].Name != sa.GetName() ||
+			dep.Spec.Template.Spec.ServiceAccountName != sa.GetName() {
+			t.Errorf("%s: RoleBinding %+v does not bind Role %s to the picker's ServiceAccount %s (pod uses %s)",
+				name, binding, role.Name, sa.GetName(), dep.Spec.Template.Spec.ServiceAccountName)
+		}
+	}
+}
+
+// wantKinds is how many objects of each kind each CI value set renders;
+// the apply test checks the rendering against it, so a template that
+// silently renders nothing (or too much) fails.
+var wantKinds = map[string]map[string]int{
+	"default": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1},
+	"pool-policy": {"CustomResourceDefinition": 3, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+		"InferencePool": 1, "PolicyProfile": 1, "PolicyClass": 2},
+	"ha": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+		"InferencePool": 1, "PodDisruptionBudget": 1},
+	"envoy": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 2, "Deployment": 2,
+		"ConfigMap": 1, "InferencePool": 1, "PolicyClass": 2},
+	"monitoring": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+		"ServiceMonitor": 1, "ConfigMap": 1},
+	"full": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+		"InferencePool": 1, "PolicyProfile": 1, "PolicyClass": 4},
+}
+
+// serviceMonitorCRD is a stand-in for the Prometheus Operator's CRD, which
+// envtest does not have: the same group, kind and version, with the schema
+// of the fields the chart sets (so a wrong type or an unknown field is
+// still refused). It is the only object not from the chart.
+const serviceMonitorCRD = "testdata/servicemonitor-crd.yaml"
+
+// TestChartValueSetsApply renders the chart with every CI value set and
+// applies every rendered object to a real kube-apiserver: the chart's own
+// CRDs first, then each set's objects in a namespace of its own, with
+// server-side apply (a real create). Every object must be accepted and be
+// readable afterwards.
+func TestChartValueSetsApply(t *testing.T) {
+	cfg := apiServer(t)
+	ctx := testContext(t, 3*time.Minute)
+	a, err := newApplier(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(serviceMonitorCRD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	smCRD, err := decodeObjects(string(raw))
+	if err != nil || len(smCRD) != 1 || !isCRD(smCRD[0]) {
+		t.Fatalf("%s: want one CRD, got %d objects (%v)", serviceMonitorCRD, len(smCRD), err)
+	}
+
+	sets := ciValueSets(t)
+	if len(sets) != len(wantKinds) {
+		t.Errorf("%d CI value sets, wantKinds describes %d: keep them in step", len(sets), len(wantKinds))
+	}
+	names := make([]string, 0, len(sets))
+	for n := range sets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	rendered := map[string][]*unstructured.Unstructured{}
+	crds := map[string]*unstructured.Unstructured{smCRD[0].GetName(): smCRD[0]}
+	for _, name := range names {
+		objs := render(t, renderArgs{release: "laneway", namespace: "ci-" + name, valuesFiles: []string{sets[name]}})
+		rendered[name] = objs
+		got := map[string]int{}
+		for _, o := range objs {
+			got[o.GetKind()]++
+			if isCRD(o) {
+				crds[o.GetName()] = o
+			} else if o.GetNamespace() != "ci-"+name {
+				t.Errorf("%s: %s/%s is in namespace %q, want the release namespace", name, o.GetKind(), o.GetName(), o.GetNamespace())
+			}
+		}
+		if want, ok := wantKinds[name]; ok && !reflect.DeepEqual(got, want) {
+			t.Errorf("%s renders %v, want %v\nobjects: %s", name, got, want, strings.Join(kinds(objs), ", "))
+		}
+	}
+	// CRDs are cluster-scoped and shared by every set: install them once,
+	// from the chart.
+	crdList := make([]*unstructured.Unstructured, 0, len(crds))
+	for _, n := range sortedKeys(crds) {
+		crdList = append(crdList, crds[n])
+	}
+	if err := a.apply(ctx, crdList); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			ns := "ci-" + name
+			if err := a.ensureNamespace(ctx, ns); err != nil {
+				t.Fatal(err)
+			}
+			var objs []*unstructured.Unstructured
+			for _, o := range rendered[name] {
+				if !isCRD(o) {
+					objs = append(objs, o)
+				}
+			}
+			if err := a.apply(ctx, objs); err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range objs {
+				if err := a.exists(ctx, o); err != nil {
+					t.Errorf("read back %s %s/%s: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
+				}
+			}
+			t.Logf("%s: %d objects accepted: %s", name, len(objs), strings.Join(kinds(objs), ", "))
+		})
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// TestChartPolicyMatchesConvert: the chart's PolicyProfile and PolicyClass
+// objects for the SPEC §11 policy are what `laneway convert` makes of the
+// same policy YAML, and every CI value set's policy objects form a valid
+// policy for pkg/policy (the picker's own check).
+func TestChartPolicyMatchesConvert(t *testing.T) {
+	sets := ciValueSets(t)
+	objs := render(t, renderArgs{release: "laneway", namespace: "ml", valuesFiles: []string{sets["pool-policy"]}})
+	cfg, err := policy.LoadFile(filepath.Join(shared.root, "config", "samples", "policy-premium-regular.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantProf, wantClasses := policy.ToObjects(cfg, "llm", "ml")
+	gotProf := fromUnstructured[v1alpha1.PolicyProfile](t, mustFind(t, objs, "PolicyProfile", "llm"))
+	if !reflect.DeepEqual(gotProf.Spec, wantProf.Spec) {
+		t.Errorf("PolicyProfile spec\n got %+v\nwant %+v", gotProf.Spec, wantProf.Spec)
+	}
+	for _, want := range wantClasses {
+		got := fromUnstructured[v1alpha1.PolicyClass](t, mustFind(t, objs, "PolicyClass", want.Name))
+		if !reflect.DeepEqual(got.Spec, want.Spec) {
+			t.Errorf("PolicyClass %s spec\n got %+v\nwant %+v", want.Name, got.Spec, want.Spec)
+		}
+		if got.Labels[policy.PoolLabel] != "llm" {
+			t.Errorf("PolicyClass %s labels %v, want %s=llm", got.Name, got.Labels, policy.PoolLabel)
+		}
+	}
+
+	for name, file := range sets {
+		objs := render(t, renderArgs{release: "laneway", namespace: "ml", valuesFiles: []string{file}})
+		var profs []v1alpha1.PolicyProfile
+		var classes []v1alpha1.PolicyClass
+		for _, o := range objs {
+			switch o.GetKind() {
+			case "PolicyProfile":
+				profs = append(profs, *fromUnstructured[v1alpha1.PolicyProfile](t, o))
+			case "PolicyClass":
+				classes = append(classes, *fromUnstructured[v1alpha1.PolicyClass](t, o))
+			}
+		}
+		if _, problems := policy.FromObjects(profs, classes); len(problems) > 0 {
+			t.Errorf("%s: the rendered policy is invalid: %v", name, problems)
+		}
+	}
+}
+
+// TestChartEPPDeployment checks the picker's pod against the chart's
+// promises: gRPC probes on the health services, the three ports, the
+// hardened security context, the flags, and leader election exactly when
+// there is more than one replica.
+func TestChartEPPDeployment(t *testing.T) {
+	sets := ciValueSets(t)
+	tests := []struct {
+		set      string
+		extra    []string
+		replicas int32
+		leader   bool
+	}{
+		{set: "default", replicas: 1},
+		{set: "ha", replicas: 2, leader: true},
+		{set: "default", extra: []string{"epp.leaderElection=enabled"}, replicas: 1, leader: true},
+		{set: "ha", extra: []string{"epp.leaderElection=auto", "epp.replicas=3"}, replicas: 3, leader: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.set+"/"+strings.Join(tc.extra, ","), func(t *testing.T) {
+			objs := render(t, renderArgs{release: "lw", namespace: "pool-ns", valuesFiles: []string{sets[tc.set]}, set: tc.extra})
+			dep := fromUnstructured[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "lw-laneway"))
+			if *dep.Spec.Replicas != tc.replicas {
+				t.Errorf("replicas %d, want %d", *dep.Spec.Replicas, tc.replicas)
+			}
+			pod := dep.Spec.Template.Spec
+			if len(pod.Containers) != 1 {
+				t.Fatalf("%d containers", len(pod.Containers))
+			}
+			c := pod.Containers[0]
+			args := strings.Join(c.Args, " ")
+			for _, want := range []string{"--pool-name=lw-laneway", "--pool-namespace=pool-ns", "--pool-group=inference.networking.k8s.io",
+				"--grpc-port=9002", "--grpc-health-port=9003", "--metrics-port=9090", "--secure-serving=true",
+				"--max-num-batched-tokens=8192", "--engine-type=vllm", "--drain-timeout=30s"} {
+				if tc.set == "ha" && strings.HasPrefix(want, "--pool-name") {
+					continue
+				}
+				if !slices.Contains(c.Args, want) {
+					t.Errorf("args %q lack %s", args, want)
+				}
+			}
+			if got := slices.Contains(c.Args, "--ha-enable-leader-election"); got != tc.leader {
+				t.Errorf("--ha-enable-leader-election present = %v, want %v (args %s)", got, tc.leader, args)
+			}
+			ports := map[string]int32{}
+			for _, p := range c.Ports {
+				ports[p.Name] = p.ContainerPort
+			}
+			if !reflect.DeepEqual(ports, map[string]int32{"grpc-ext-proc": 9002, "grpc-health": 9003, "http-metrics": 9090}) {
+				t.Errorf("ports %v", ports)
+			}
+			for _, p := range []struct {
+				probe   *corev1.Probe
+				service string
+			}{{c.LivenessProbe, "liveness"}, {c.ReadinessProbe, "readiness"}} {
+				if p.probe == nil || p.probe.GRPC == nil || p.probe.GRPC.Port != 9003 || p.probe.GRPC.Service == nil || *p.probe.GRPC.Service != p.service {
+					t.Errorf("%s probe %+v, want gRPC on 9003 service %q", p.service, p.probe, p.service)
+				}
+			}
+			sc := c.SecurityContext
+			if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+				sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil ||
+				!reflect.DeepEqual(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || sc.SeccompProfile == nil ||
+				sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+				t.Errorf("container security context %+v is not hardened", sc)
+			}
+			if psc := pod.SecurityContext; psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot {
+				t.Errorf("pod security context %+v does not require non-root", psc)
+			}
+			if c.Resources.Requests.Cpu().IsZero() || c.Resources.Limits.Memory().IsZero() {
+				t.Errorf("resources %+v lack a CPU request or memory limit", c.Resources)
+			}
+			if pod.TerminationGracePeriodSeconds == nil || *pod.TerminationGracePeriodSeconds != 45 {
+				t.Errorf("terminationGracePeriodSeconds %v, want drain 30 + 15", pod.TerminationGracePeriodSeconds)
+			}
+		})
+	}
+
+	// The Service: ext_proc with appProtocol http2, plus metrics.
+	objs := render(t, renderArgs{release: "lw", namespace: "pool-ns"})
+	svc := fromUnstructured[corev1.Service](t, mustFind(t, objs, "Service", "lw-laneway"))
+	want := []corev1.ServicePort{
+		{Name: "grpc-ext-proc", Port: 9002, TargetPort: intstr.FromString("grpc-ext-proc"), Protocol: corev1.ProtocolTCP, AppProtocol: ptrTo("http2")},
+		{Name: "http-metrics", Port: 9090, TargetPort: intstr.FromString("http-metrics"), Protocol: corev1.ProtocolTCP, AppProtocol: ptrTo("http")},
+	}
+	if !reflect.DeepEqual(svc.Spec.Ports, want) {
+		t.Errorf("Service ports %+v, want %+v", svc.Spec.Ports, want)
+	}
+	dep := fromUnstructured[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "lw-laneway"))
+	for k, v := range svc.Spec.Selector {
+		if dep.Spec.Template.Labels[k] != v {
+			t.Errorf("Service selector %v does not select the picker's pods %v", svc.Spec.Selector, dep.Spec.Template.Labels)
+		}
+	}
+}
+
+// TestChartInferencePool: the created pool points its endpointPickerRef at
+// the chart's Service on the ext_proc port, with the values' selector,
+// ports and failure mode.
+func TestChartInferencePool(t *testing.T) {
+	sets := ciValueSets(t)
+	tests := []struct {
+		set      string
+		name     string
+		ports    []inferencev1.PortNumber
+		failure  inferencev1.EndpointPickerFailureMode
+		protocol inferencev1.AppProtocol
+		service  string
+	}{
+		{set: "pool-policy", name: "llm", ports: []inferencev1.PortNumber{8000}, failure: inferencev1.EndpointPickerFailClose, protocol: inferencev1.AppProtocolHTTP, service: "laneway"},
+		{set: "ha", name: "laneway", ports: []inferencev1.PortNumber{8000, 8001}, failure: inferencev1.EndpointPickerFailClose, protocol: inferencev1.AppProtocolHTTP, service: "laneway"},
+		{set: "full", name: "llama", ports: []inferencev1.PortNumber{8000, 8001, 8002, 8003}, failure: inferencev1.EndpointPickerFailOpen, protocol: inferencev1.AppProtocolH2C, service: "laneway-full"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.set, func(t *testing.T) {
+			objs := render(t, renderArgs{release: "laneway", namespace: "ml", valuesFiles: []string{sets[tc.set]}})
+			pool := fromUnstructured[inferencev1.InferencePool](t, mustFind(t, objs, "InferencePool", tc.name))
+			var ports []inferencev1.PortNumber
+			for _, p := range pool.Spec.TargetPorts {
+				ports = append(ports, p.Number)
+			}
+			if !reflect.DeepEqual(ports, tc.ports) || pool.Spec.AppProtocol != tc.protocol {
+				t.Errorf("targetPorts %v appProtocol %q, want %v %q", ports, pool.Spec.AppProtocol, tc.ports, tc.protocol)
+			}
+			ref := pool.Spec.EndpointPickerRef
+			if ref == nil || ref.Name != inferencev1.ObjectName(tc.service) || ref.Kind != "Service" || ref.Port == nil || ref.Port.Number != 9002 || ref.FailureMode != tc.failure {
+				t.Fatalf("endpointPickerRef %+v, want Service %s port 9002 %s", ref, tc.service, tc.failure)
+			}
+			svc := mustFind(t, objs, "Service", tc.service)
+			if svc.GetNamespace() != pool.Namespace {
+				t.Errorf("picker Service in %s, pool in %s", svc.GetNamespace(), pool.Namespace)
+			}
+			dep := fromUnstructured[appsv1.Deployment](t, mustFind(t, objs, "Deployment", tc.service))
+			if !slices.Contains(dep.Spec.Template.Spec.Containers[0].Args, "--pool-name="+tc.name) {
+				t.Errorf("picker args %v do not name pool %s", dep.Spec.Template.Spec.Containers[0].Args, tc.name)
+			}
+		})
+	}
+}
+
+// TestChartSchemaRejects: values.schema.json and the templates' own checks
+// refuse bad values with a message that names the value.
+func TestChartSchemaRejects(t *testing.T) {
+	tests := []struct {
+		name, values string
+		// want are substrings of helm's error, all required.
+		want []string
+	}{
+		{"quantum 0", "policy:\n  classes:\n  - {name: a, quantum: 0}\n", []string{"/policy/classes/0/quantum", "minimum"}},
+		{"quantum not a number", "policy:\n  classes:\n  - {name: a, quantum: lots}\n", []string{"/policy/classes/0/quantum"}},
+		{"class without quantum", "policy:\n  classes:\n  - {name: a}\n", []string{"/policy/classes/0", "quantum"}},
+		{"class without name", "policy:\n  classes:\n  - {quantum: 1}\n", []string{"/policy/classes/0", "name"}},
+		{"unknown queue policy", "policy:\n  classes:\n  - {name: a, quantum: 1, queuePolicy: lifo}\n", []string{"/policy/classes/0/queuePolicy"}},
+		{"bad class name", "policy:\n  classes:\n  - {name: 'a b', quantum: 1}\n", []string{"/policy/classes/0/name"}},
+		{"misspelt class field", "policy:\n  classes:\n  - {name: a, quantum: 1, quantums: 2}\n", []string{"/policy/classes/0", "quantums"}},
+		{"fraction as a number", "policy:\n  classes:\n  - {name: a, quantum: 1, prefillBusyThresholdFrac: 0.5}\n", []string{"/policy/classes/0/prefillBusyThresholdFrac", "string"}},
+		{"family without bucket", "policy:\n  classes:\n  - {name: a, quantum: 1, policyFamily: f}\n", []string{"/policy/classes/0", "cacheBucket"}},
+		{"ratio without threshold", "policy:\n  classes:\n  - {name: a, quantum: 1, busyWorkerRatio: '0.5'}\n", []string{"/policy/classes/0"}},
+		{"negative limit", "policy:\n  classes:\n  - {name: a, quantum: 1, requestQueueLimitPerWorker: -1}\n", []string{"/policy/classes/0/requestQueueLimitPerWorker"}},
+		{"bad queue wait", "policy:\n  classes:\n  - {name: a, quantum: 1, maxQueueWait: soon}\n", []string{"/policy/classes/0/maxQueueWait"}},
+		{"profile family without buckets", "policy:\n  profile: {defaultPolicyFamily: f}\n", []string{"/policy/profile", "uncachedISLBuckets"}},
+		{"duplicate object names", "policy:\n  classes:\n  - {name: A, quantum: 1}\n  - {name: a, quantum: 1}\n", []string{"policy.classes[1]", "objectName"}},
+		{"zero replicas", "epp:\n  replicas: 0\n", []string{"/epp/replicas"}},
+		{"leader election off with replicas", "epp:\n  replicas: 2\n  leaderElection: disabled\n", []string{"epp.leaderElection", "replicas"}},
+		{"unknown leader election mode", "epp:\n  leaderElection: sometimes\n", []string{"/epp/leaderElection"}},
+		{"unknown engine", "epp:\n  engineType: tgi\n", []string{"/epp/engineType"}},
+		{"port out of range", "epp:\n  ports: {grpc: 70000, health: 9003, metrics: 9090}\n", []string{"/epp/ports/grpc"}},
+		{"nine target ports", "inferencePool:\n  targetPorts: [1, 2, 3, 4, 5, 6, 7, 8, 9]\n", []string{"/inferencePool/targetPorts"}},
+		{"unknown failure mode", "inferencePool:\n  failureMode: Open\n", []string{"/inferencePool/failureMode"}},
+		{"unknown app protocol", "inferencePool:\n  appProtocol: grpc\n", []string{"/inferencePool/appProtocol"}},
+		{"no selector for a created pool", "inferencePool:\n  create: true\n  selector: null\n", []string{"inferencePool.selector"}},
+		{"misspelt top-level key", "inferencepool:\n  create: true\n", []string{"inferencepool"}},
+		{"bad envoy timeout", "envoy:\n  messageTimeout: 5m\n", []string{"/envoy/messageTimeout"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := helmTemplate(t, renderArgs{release: "bad", namespace: "ml", values: tc.values})
+			if err == nil {
+				t.Fatalf("values accepted:\n%s\nrendered %d bytes", tc.values, len(out))
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not mention %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+// TestChartDashboard: the dashboard's queries name exactly the series the
+// picker registers (internal/metrics), so a renamed metric cannot leave a
+// panel empty, and the ConfigMap carries the file unchanged.
+func TestChartDashboard(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(chartDir(), "files", "dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Title  string `json:"title"`
+		UID    string `json:"uid"`
+		Panels []struct {
+			Type    string `json:"type"`
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatalf("dashboard.json: %v", err)
+	}
+	if dash.UID == "" || dash.Title == "" {
+		t.Error("dashboard lacks a uid or title")
+	}
+	metricRe := regexp.MustCompile(`\b(laneway_[a-z_]+|dynamo_frontend_router_[a-z_]+)`)
+	used := map[string]bool{}
+	for _, p := range dash.Panels {
+		if p.Type == "row" {
+			continue
+		}
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, tg := range p.Targets {
+			for _, m := range metricRe.FindAllString(tg.Expr, -1) {
+				m = strings.TrimSuffix(m, "_bucket")
+				used[m] = true
+			}
+		}
+	}
+	registered := registeredMetrics(t)
+	for m := range used {
+		if !registered[m] {
+			t.Errorf("the dashboard queries %s, which the picker does not export", m)
+		}
+	}
+	for m := range registered {
+		if !used[m] {
+			t.Errorf("the picker exports %s, which no dashboard panel shows", m)
+		}
+	}
+
+	objs := render(t, renderArgs{release: "laneway", namespace: "mon", set: []string{"dashboard.enabled=true"}})
+	cm := fromUnstructured[corev1.ConfigMap](t, mustFind(t, objs, "ConfigMap", "laneway-dashboard"))
+	if cm.Data["laneway-epp.json"] != strings.TrimRight(string(raw), "\n") {
+		t.Error("the dashboard ConfigMap does not carry files/dashboard.json unchanged")
+	}
+	if cm.Labels["grafana_dashboard"] != "1" {
+		t.Errorf("dashboard labels %v lack the Grafana sidecar's grafana_dashboard=1", cm.Labels)
+	}
+}
+
+// registeredMetrics returns the metric names internal/metrics registers,
+// read from the collectors' descriptions (no sample needs to exist).
+func registeredMetrics(t testing.TB) map[string]bool {
+	t.Helper()
+	r := &describeRegisterer{names: map[string]bool{}}
+	metrics.New(r, "model")
+	if len(r.names) == 0 {
+		t.Fatal("internal/metrics registered nothing")
+	}
+	return r.names
+}
+
+// describeRegisterer records the names of the collectors registered on it.
+type describeRegisterer struct{ names map[string]bool }
+
+var fqNameRe = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+func (r *describeRegisterer) Register(c prometheus.Collector) error {
+	ch := make(chan *prometheus.Desc, 64)
+	go func() { c.Describe(ch); close(ch) }()
+	for d := range ch {
+		if m := fqNameRe.FindStringSubmatch(d.String()); m != nil {
+			r.names[m[1]] = true
+		}
+	}
+	return nil
+}
+
+func (r *describeRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		_ = r.Register(c)
+	}
+}
+
+func (r *describeRegisterer) Unregister(prometheus.Collector) bool { return true }

@@ -1,0 +1,563 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/laneway-dev/laneway/internal/gateway"
+	"github.com/laneway-dev/laneway/internal/testenv"
+)
+
+// Bounds of the local environment's waits: failure guards for events that
+// come much sooner, not performance assertions.
+const (
+	startTimeout = 60 * time.Second
+	// eppDrain is the picker's --drain-timeout here (the chart's default
+	// of 30 s would only slow a failing run down).
+	eppDrain = 10 * time.Second
+)
+
+// localCluster is the local environment: a real kube-apiserver, the
+// picker as a process with the chart's ServiceAccount token, model
+// servers as processes on their own loopback addresses, and the
+// in-process local gateway.
+type localCluster struct {
+	cfg   *rest.Config
+	kube  client.Client
+	cs    *kubernetes.Clientset
+	apply *applier
+	bin   string
+}
+
+func newLocalCluster(t *testing.T) *localCluster {
+	cfg := apiServer(t)
+	a, err := newApplier(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheme, err := testenv.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &localCluster{cfg: cfg, kube: kube, cs: cs, apply: a, bin: binaries(t)}
+}
+
+// nextIP hands out loopback addresses 127.0.0.20 and up, one per pod for
+// the whole binary, so a stopped pod's address is never reused.
+var nextIP atomic.Int32
+
+func allocIP() (string, error) {
+	n := 20 + nextIP.Add(1)
+	if n > 254 {
+		return "", errors.New("out of loopback addresses for pods")
+	}
+	return "127.0.0." + strconv.Itoa(int(n)), nil
+}
+
+// commonPort finds a port free on every one of ips: all pods of a pool
+// serve the pool's target port.
+func commonPort(ips []string) (int, error) {
+	for attempt := 0; attempt < 20; attempt++ {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ips[0], "0"))
+		if err != nil {
+			return 0, err
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ok := true
+		var held []net.Listener
+		for _, ip := range ips[1:] {
+			l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
+			if err != nil {
+				ok = false
+				break
+			}
+			held = append(held, l)
+		}
+		ln.Close()
+		for _, l := range held {
+			l.Close()
+		}
+		if ok {
+			return port, nil
+		}
+	}
+	return 0, errors.New("no port free on every pod address")
+}
+
+func freeLoopbackPorts(n int) ([]int, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// localValues are the chart values every local release gets: the chart
+// creates the pool (and the InferencePool CRD, which the bare API server
+// lacks) selecting this release's model servers.
+func localValues(port int) string {
+	return fmt.Sprintf(`
+epp:
+  drainTimeoutSeconds: %d
+inferencePool:
+  name: pool
+  create: true
+  installCRD: true
+  selector:
+    app: modelsim
+  targetPorts: [%d]
+`, int(eppDrain.Seconds()), port)
+}
+
+// localRelease is a release's local processes.
+type localRelease struct {
+	c       *localCluster
+	r       *release
+	t       *testing.T
+	eppBin  string
+	eppArgs []string
+	eppEnv  []string
+	health  string
+
+	mu   sync.Mutex
+	epp  *proc
+	sims map[string]*proc
+}
+
+func (c *localCluster) install(t *testing.T, spec installSpec) *release {
+	t.Helper()
+	ctx := testContext(t, startTimeout)
+	ns := "e2e-" + spec.name
+	if err := c.apply.ensureNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+
+	// Pod addresses and the pool's target port.
+	ips := make([]string, len(spec.pods))
+	for i := range spec.pods {
+		ip, err := allocIP()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ips[i] = ip
+	}
+	port, err := commonPort(ips)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The chart, rendered and applied as is.
+	objs := render(t, renderArgs{release: spec.name, namespace: ns, values: localValues(port) + "\n" + spec.values})
+	if err := c.apply.apply(ctx, objs); err != nil {
+		t.Fatal(err)
+	}
+	dep := findObject(objs, "Deployment", "")
+	for _, o := range objs {
+		if o.GetKind() == "Deployment" && o.GetLabels()["app.kubernetes.io/component"] == "endpoint-picker" {
+			dep = o
+		}
+	}
+	if dep == nil {
+		t.Fatalf("the chart rendered no picker Deployment: %v", kinds(objs))
+	}
+
+	lr := &localRelease{c: c, t: t, eppBin: filepath.Join(c.bin, "epp"), sims: map[string]*proc{}}
+	r := &release{t: t, ns: ns, pool: "pool", kube: c.kube, pods: map[string]*simPod{}, ops: lr, http: newHTTPClient()}
+	lr.r = r
+	t.Cleanup(lr.stopAll)
+
+	// Model servers first, then their pod objects, so a Ready pod always
+	// has a live server behind it.
+	for i, ps := range spec.pods {
+		addr := net.JoinHostPort(ips[i], strconv.Itoa(port))
+		p, err := startProc("modelsim "+ps.name, filepath.Join(c.bin, "modelsim"),
+			append([]string{"--host=" + ips[i], "--port=" + strconv.Itoa(port), "--instance=" + ps.name, "--model=sim-model"}, simArgs...), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lr.mu.Lock()
+		lr.sims[ps.name] = p
+		lr.mu.Unlock()
+		r.pods[ps.name] = &simPod{name: ps.name, addr: addr}
+	}
+	for _, ps := range spec.pods {
+		if err := waitHTTP(ctx, lr.sims[ps.name], "http://"+r.pods[ps.name].addr+"/health"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.createPod(ctx, ns, ps, strings.Split(r.pods[ps.name].addr, ":")[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The picker, with the Deployment's own flags and the chart's
+	// ServiceAccount's identity.
+	sa := dep.Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["serviceAccountName"].(string)
+	kubeconfig, err := c.serviceAccountKubeconfig(ctx, t, ns, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports, err := freeLoopbackPorts(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args, secure, err := localEPPArgs(dep, ports, kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lr.eppArgs, lr.eppEnv = args, []string{"POD_NAMESPACE=" + ns, "POD_NAME=" + spec.name + "-epp-0"}
+	lr.health = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+	if err := lr.startEPP(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The local gateway in place of Envoy.
+	grpcAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
+	conn, err := gateway.Dial(grpcAddr, gateway.DialOptions{TLS: secure, InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := gateway.New(conn, gateway.Options{Timeout: 3 * time.Minute, Logger: testLogger(t)})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		gw.Close()
+		_ = conn.Close()
+	})
+	r.url = "http://" + ln.Addr().String()
+
+	if err := waitPodsRouted(ctx, r, spec.pods); err != nil {
+		t.Fatalf("%v\npicker log:\n%s", err, lr.diagnostics())
+	}
+	return r
+}
+
+// localEPPArgs turns the chart's picker container args into a local
+// command line: the same flags, on free loopback ports, with the
+// ServiceAccount kubeconfig. It reports whether the picker serves TLS.
+func localEPPArgs(dep *unstructured.Unstructured, ports []int, kubeconfig string) ([]string, bool, error) {
+	containers, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "containers")
+	if len(containers) != 1 {
+		return nil, false, fmt.Errorf("picker Deployment has %d containers", len(containers))
+	}
+	raw, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+	override := map[string]string{
+		"--grpc-port":        strconv.Itoa(ports[0]),
+		"--grpc-health-port": strconv.Itoa(ports[1]),
+		"--metrics-port":     strconv.Itoa(ports[2]),
+	}
+	secure := true
+	var args []string
+	for _, a := range raw {
+		name, val, _ := strings.Cut(a, "=")
+		if v, ok := override[name]; ok {
+			a = name + "=" + v
+			delete(override, name)
+		}
+		if name == "--secure-serving" {
+			secure = val != "false"
+		}
+		args = append(args, a)
+	}
+	if len(override) > 0 {
+		return nil, false, fmt.Errorf("chart args %v lack %v", raw, override)
+	}
+	return append(args, "--bind-address=127.0.0.1", "--kubeconfig="+kubeconfig), secure, nil
+}
+
+// serviceAccountKubeconfig writes a kubeconfig holding a TokenRequest
+// token of the chart's ServiceAccount: the picker then has exactly the
+// chart's Role, as in a cluster. It checks that the identity cannot read
+// Secrets, so a test never passes on an over-broad identity.
+func (c *localCluster) serviceAccountKubeconfig(ctx context.Context, t *testing.T, ns, sa string) (string, error) {
+	tr, err := c.cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(3600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("token for ServiceAccount %s/%s: %w", ns, sa, err)
+	}
+	saCfg := &rest.Config{Host: c.cfg.Host, BearerToken: tr.Status.Token, TLSClientConfig: rest.TLSClientConfig{CAData: c.cfg.CAData}}
+	saCS, err := kubernetes.NewForConfig(saCfg)
+	if err != nil {
+		return "", err
+	}
+	if _, err := saCS.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err != nil {
+		return "", fmt.Errorf("the chart's ServiceAccount cannot list pods (its Role should allow it): %w", err)
+	}
+	if _, err := saCS.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		return "", fmt.Errorf("the chart's ServiceAccount listing Secrets: %v, want Forbidden (least privilege)", err)
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["e2e"] = &clientcmdapi.Cluster{Server: c.cfg.Host, CertificateAuthorityData: c.cfg.CAData}
+	kc.AuthInfos[sa] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
+	kc.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: sa, Namespace: ns}
+	kc.CurrentContext = "e2e"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// podNode is the node the local pods claim. No kubelet runs, so a
+// graceful deletion leaves the pod terminating (deletionTimestamp set)
+// until the test removes it, as a kubelet would after the grace period.
+const podNode = "e2e-node"
+
+// createPod creates the pod object of a model server and sets its status
+// as a kubelet would: Running, the server's address, Ready or not.
+func (c *localCluster) createPod(ctx context.Context, ns string, ps podSpec, ip string) error {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: ps.name, Namespace: ns, Labels: map[string]string{"app": "modelsim"}},
+		Spec: corev1.PodSpec{
+			NodeName:   podNode,
+			Containers: []corev1.Container{{Name: "modelsim", Image: "laneway-modelsim:e2e", Ports: []corev1.ContainerPort{{ContainerPort: 8000}}}},
+		},
+	}
+	if err := c.kube.Create(ctx, pod); err != nil {
+		return fmt.Errorf("create pod %s: %w", ps.name, err)
+	}
+	ready := corev1.ConditionTrue
+	if ps.notReady {
+		ready = corev1.ConditionFalse
+	}
+	now := metav1.Now()
+	pod.Status = corev1.PodStatus{
+		Phase:     corev1.PodRunning,
+		PodIP:     ip,
+		PodIPs:    []corev1.PodIP{{IP: ip}},
+		HostIP:    "127.0.0.1",
+		StartTime: &now,
+		Conditions: []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.ContainersReady, Status: ready, LastTransitionTime: now},
+			{Type: corev1.PodReady, Status: ready, LastTransitionTime: now},
+		},
+	}
+	if err := c.kube.Status().Update(ctx, pod); err != nil {
+		return fmt.Errorf("set status of pod %s: %w", ps.name, err)
+	}
+	return nil
+}
+
+// startEPP starts the picker and waits until its readiness service is
+// SERVING (caches synced, endpoints and policy handed to the dispatcher).
+func (lr *localRelease) startEPP(ctx context.Context) error {
+	p, err := startProc("epp", lr.eppBin, lr.eppArgs, lr.eppEnv)
+	if err != nil {
+		return err
+	}
+	lr.mu.Lock()
+	lr.epp = p
+	lr.mu.Unlock()
+	if err := waitGRPCServing(ctx, p, lr.health, "readiness"); err != nil {
+		return fmt.Errorf("%w\nargs: %v\nlog:\n%s", err, lr.eppArgs, tail(p.out.String(), 8000))
+	}
+	return nil
+}
+
+func (lr *localRelease) stopAll() {
+	lr.mu.Lock()
+	epp, sims := lr.epp, lr.sims
+	lr.mu.Unlock()
+	if epp != nil {
+		if err := epp.stop(eppDrain + 10*time.Second); err != nil {
+			lr.t.Errorf("picker shutdown: %v", err)
+		}
+		if lr.t.Failed() {
+			lr.t.Logf("picker log:\n%s", tail(epp.out.String(), 20000))
+		}
+	}
+	for name, p := range sims {
+		if err := p.stop(15 * time.Second); err != nil {
+			lr.t.Errorf("model server %s shutdown: %v", name, err)
+		}
+	}
+}
+
+func (lr *localRelease) diagnostics() string {
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	if lr.epp == nil {
+		return "(no picker)"
+	}
+	return tail(lr.epp.out.String(), 20000)
+}
+
+func (lr *localRelease) beginPodDeletion(ctx context.Context, name string) error {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: lr.r.ns}}
+	if err := lr.c.kube.Delete(ctx, pod, client.GracePeriodSeconds(30)); err != nil {
+		return fmt.Errorf("delete pod %s: %w", name, err)
+	}
+	if err := lr.c.kube.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil || pod.DeletionTimestamp == nil {
+		return fmt.Errorf("pod %s after a graceful delete: %v, deletionTimestamp %v; want it terminating", name, err, pod.DeletionTimestamp)
+	}
+	return nil
+}
+
+func (lr *localRelease) finishPodDeletion(ctx context.Context, name string) error {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: lr.r.ns}}
+	if err := lr.c.kube.Delete(ctx, pod, client.GracePeriodSeconds(0)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove pod %s: %w", name, err)
+	}
+	// The picker has dropped the endpoint when a request pinned to it is
+	// answered 503 no_endpoints at once.
+	addr := lr.r.pods[name].addr
+	var last answer
+	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		last = lr.r.send(ctx, request{strict: -1, pin: addr, promptTokens: 8})
+		return last.status == http.StatusServiceUnavailable && last.reason == "no_endpoints", nil
+	})
+	if err != nil {
+		return fmt.Errorf("the picker still routes to removed pod %s (last answer %v): %w", name, last, err)
+	}
+	lr.mu.Lock()
+	p := lr.sims[name]
+	delete(lr.sims, name)
+	lr.mu.Unlock()
+	// SIGTERM, as a kubelet sends: the server finishes what it has.
+	return p.stop(15 * time.Second)
+}
+
+func (lr *localRelease) restartPicker(ctx context.Context) error {
+	lr.mu.Lock()
+	old := lr.epp
+	lr.mu.Unlock()
+	if err := old.stop(eppDrain + 10*time.Second); err != nil {
+		return fmt.Errorf("stop picker: %w", err)
+	}
+	return lr.startEPP(ctx)
+}
+
+// waitHTTP polls url until it answers 200: a separate process offers no
+// event to wait on.
+func waitHTTP(ctx context.Context, p *proc, url string) error {
+	return wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, startTimeout, true, func(ctx context.Context) (bool, error) {
+		if err := p.exited(); err != nil {
+			return false, err
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+}
+
+// waitGRPCServing polls a gRPC health service until it is SERVING.
+func waitGRPCServing(ctx context.Context, p *proc, addr, service string) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, startTimeout, true, func(ctx context.Context) (bool, error) {
+		if err := p.exited(); err != nil {
+			return false, err
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		r, err := hc.Check(cctx, &healthpb.HealthCheckRequest{Service: service})
+		if err != nil {
+			last = err
+			return false, nil
+		}
+		last = fmt.Errorf("%s is %s", service, r.Status)
+		return r.Status == healthpb.HealthCheckResponse_SERVING, nil
+	})
+	if err != nil {
+		return fmt.Errorf("picker health %s on %s: %w (last: %v)", service, addr, err, last)
+	}
+	return nil
+}
+
+// waitPodsRouted waits until a request pinned to each Ready pod is served
+// by it, and one pinned to a pod that is not Ready is refused: the
+// picker's endpoint set then matches the pods. The picker answers pinned
+// requests at once, so this polls only across the watch's propagation.
+func waitPodsRouted(ctx context.Context, r *release, pods []podSpec) error {
+	for _, ps := range pods {
+		addr := r.pods[ps.name].addr
+		var last answer
+		err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, startTimeout, true, func(ctx context.Context) (bool, error) {
+			last = r.send(ctx, request{strict: -1, pin: addr, promptTokens: 8})
+			if ps.notReady {
+				return last.status == http.StatusServiceUnavailable && last.reason == "no_endpoints", nil
+			}
+			return last.status == http.StatusOK && last.served == ps.name, nil
+		})
+		if err != nil {
+			return fmt.Errorf("pod %s (%s, notReady=%v): picker's routing does not match (last answer %v): %w", ps.name, addr, ps.notReady, last, err)
+		}
+	}
+	return nil
+}
+
+// testLogger is a logr for in-process components that writes to the test
+// log only when verbose logging is on.
+func testLogger(t *testing.T) logr.Logger {
+	if testing.Verbose() && os.Getenv("E2E_GATEWAY_LOG") == "1" {
+		return testr.New(t)
+	}
+	return logr.Discard()
+}
