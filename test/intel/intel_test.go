@@ -1,0 +1,362 @@
+package intel
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/laneway-dev/laneway/internal/modelsim"
+)
+
+// tokens returns n token ids unique to seed (ids stay below 50,000, like a
+// real vocabulary's).
+func tokens(n int, seed uint64) []int {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	out := make([]int, n)
+	for i := range out {
+		out[i] = 1 + rng.IntN(49999)
+	}
+	return out
+}
+
+// thresholdPolicy is one explicit fcfs class that queues once an endpoint
+// has more than threshold prompt tokens in prefill.
+func thresholdPolicy(t *testing.T, threshold int) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	yaml := fmt.Sprintf(`policy_classes:
+  - name: standard
+    queue_policy: fcfs
+    quantum: 1
+    prefill_busy_threshold: %d
+    request_queue_limit_per_worker: 64
+`, threshold)
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestRepeatedPromptGoesHome: a long prompt seen before goes back to the
+// endpoint that served it while load allows, its cost snapshot carries the
+// cached tokens (laneway_routed_cached_tokens_total), and the engine
+// really finds that many tokens in its prefix cache. The picker's debug log
+// shows the numbers and never the prompt.
+func TestRepeatedPromptGoesHome(t *testing.T) {
+	var sims []*sim
+	var addrs []string
+	for i := range 3 {
+		s := startSim(t, fmt.Sprintf("127.0.0.%d", 51+i), "--prefill-tokens-per-sec=400000", "--time-per-output-token=2ms")
+		sims = append(sims, s)
+		addrs = append(addrs, s.addr)
+	}
+	p := startEPP(t, addrs, "--scrape-interval=50ms", "--v=4")
+	gw := startGateway(t, p)
+	for _, a := range addrs {
+		p.waitMetric(t, "metrics of "+a+" fresh", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", a)
+	}
+
+	prompt := tokens(4000, 1)
+	first := mustPost(t, gw, completion(prompt, 4, nil))
+	home := first.endpoint
+	if got := p.metric(t, "laneway_routed_cached_tokens_total", "endpoint", home); got != 0 {
+		t.Fatalf("first sight of the prompt: cached tokens %v on %s, want 0", got, home)
+	}
+	// Other traffic in between, some of it to other endpoints.
+	for i := range 4 {
+		mustPost(t, gw, completion(tokens(4000, uint64(100+i)), 4, nil))
+	}
+	// A text prompt with a marker that must never reach the picker's log.
+	mustPost(t, gw, []byte(`{"model":"sim-model","prompt":"zyzzyva-marker `+strings.Repeat("lorem ipsum dolor sit amet ", 50)+`","max_tokens":2}`))
+
+	before := p.metric(t, "laneway_routed_cached_tokens_total", "endpoint", home)
+	again := mustPost(t, gw, completion(prompt, 4, nil))
+	if again.endpoint != home {
+		t.Fatalf("repeated prompt went to %s, want %s which served it before", again.endpoint, home)
+	}
+	// 4000 tokens: (4000-1)/16 = 249 full blocks can be served from cache.
+	const wantCached = 249 * 16
+	if got := p.metric(t, "laneway_routed_cached_tokens_total", "endpoint", home) - before; got != wantCached {
+		t.Errorf("snapshot of the repeat: %v cached tokens, want %d", got, wantCached)
+	}
+	var homeSim *sim
+	for _, s := range sims {
+		if s.addr == home {
+			homeSim = s
+		}
+	}
+	recs := homeSim.records(t)
+	last := recs[len(recs)-1]
+	if last.PromptTokens != 4000 || last.CachedTokens != wantCached {
+		t.Errorf("engine record of the repeat: %d prompt tokens, %d cached; want 4000 and %d (the picker's prediction)",
+			last.PromptTokens, last.CachedTokens, wantCached)
+	}
+	logs := p.logs.String()
+	if !strings.Contains(logs, fmt.Sprintf(`"cachedTokens"=%d`, wantCached)) && !strings.Contains(logs, fmt.Sprintf(`"cachedTokens":%d`, wantCached)) {
+		t.Errorf("debug log has no routed line with cachedTokens %d:\n%s", wantCached, tail(logs, 4000))
+	}
+	if strings.Contains(logs, "zyzzyva") || strings.Contains(logs, "lorem") {
+		t.Error("prompt text appears in the picker's log")
+	}
+}
+
+// ttftRun is one run of the shared-prefix workload.
+type ttftRun struct {
+	meanTTFT     time.Duration
+	requests     int
+	cachedTokens int
+	promptTokens int
+}
+
+// runSharedPrefixWorkload starts fresh simulators (cold caches), a picker
+// with the given --picker and the gateway, replays the workload and reads
+// every request's time to first token from the simulators' records.
+func runSharedPrefixWorkload(t *testing.T, picker string, firstIP int) ttftRun {
+	t.Helper()
+	var sims []*sim
+	var addrs []string
+	for i := range 4 {
+		s := startSim(t, fmt.Sprintf("127.0.0.%d", firstIP+i),
+			"--prefill-tokens-per-sec=100000", "--time-per-output-token=2ms", "--max-num-seqs=8",
+			"--num-gpu-blocks=2048", "--max-model-len=4096")
+		sims = append(sims, s)
+		addrs = append(addrs, s.addr)
+	}
+	p := startEPP(t, addrs, "--picker="+picker, "--scrape-interval=50ms")
+	gw := startGateway(t, p)
+	for _, a := range addrs {
+		p.waitMetric(t, "metrics of "+a+" fresh", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", a)
+	}
+
+	// 120 requests: 80% share one of 16 system prompts of 2048 tokens (plus
+	// 128 tokens of their own), 20% are unique 2176-token prompts. The same
+	// sequence in both runs.
+	const total, prefixes, workers = 120, 16, 8
+	rng := rand.New(rand.NewPCG(42, 42))
+	bodies := make([][]byte, total)
+	for i := range bodies {
+		var prompt []int
+		if rng.IntN(10) < 8 {
+			prompt = append(tokens(2048, uint64(1000+rng.IntN(prefixes))), tokens(128, uint64(5000+i))...)
+		} else {
+			prompt = tokens(2176, uint64(9000+i))
+		}
+		bodies[i] = completion(prompt, 8, nil)
+	}
+	work := make(chan []byte, total)
+	for _, b := range bodies {
+		work <- b
+	}
+	close(work)
+	var wg sync.WaitGroup
+	errs := make(chan error, total)
+	for range workers {
+		wg.Go(func() {
+			for b := range work {
+				ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+				a := post(ctx, gw, b)
+				cancel()
+				if a.err != nil || a.status != http.StatusOK {
+					errs <- fmt.Errorf("status %d, err %v: %s", a.status, a.err, a.body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("%s run: %v", picker, err)
+	}
+	var run ttftRun
+	var sum time.Duration
+	for _, s := range sims {
+		for _, r := range s.records(t) {
+			if r.Outcome != "length" || r.FirstToken.IsZero() {
+				t.Fatalf("%s run: record %+v did not finish", picker, r)
+			}
+			sum += r.FirstToken.Sub(r.Arrival)
+			run.requests++
+			run.cachedTokens += r.CachedTokens
+			run.promptTokens += r.PromptTokens
+		}
+	}
+	if run.requests != total {
+		t.Fatalf("%s run: simulators recorded %d requests, want %d", picker, run.requests, total)
+	}
+	run.meanTTFT = sum / time.Duration(run.requests)
+	return run
+}
+
+// TestPrefixAwareLowersTTFT: with prefix caching in the engines, a
+// workload of 80% shared prefixes has a lower mean time to first token
+// through the prefix-aware picker than through least-loaded. The figures
+// are logged; the assertion is only their order.
+func TestPrefixAwareLowersTTFT(t *testing.T) {
+	prefix := runSharedPrefixWorkload(t, "prefix", 61)
+	least := runSharedPrefixWorkload(t, "least-loaded", 71)
+	for _, r := range []struct {
+		name string
+		run  ttftRun
+	}{{"prefix", prefix}, {"least-loaded", least}} {
+		t.Logf("%-12s mean TTFT %7.2f ms over %d requests; engine prefix-cache hits %d of %d prompt tokens (%.0f%%)",
+			r.name, float64(r.run.meanTTFT.Microseconds())/1000, r.run.requests, r.run.cachedTokens, r.run.promptTokens,
+			100*float64(r.run.cachedTokens)/float64(r.run.promptTokens))
+	}
+	if prefix.meanTTFT >= least.meanTTFT {
+		t.Errorf("prefix-aware mean TTFT %v is not below least-loaded's %v", prefix.meanTTFT, least.meanTTFT)
+	}
+	if prefix.cachedTokens <= least.cachedTokens {
+		t.Errorf("prefix-aware cache hits %d tokens, least-loaded %d: want more", prefix.cachedTokens, least.cachedTokens)
+	}
+}
+
+// TestHungMetricsMakesEndpointBusy: an endpoint whose /metrics page stops
+// answering counts as busy within two scrape intervals (its queueing class
+// holds requests for it) and serves again once the page answers.
+func TestHungMetricsMakesEndpointBusy(t *testing.T) {
+	s := startSim(t, "127.0.0.81", "--time-per-output-token=2ms")
+	px := startMetricsProxy(t, "127.0.0.82", s)
+	const interval = 250 * time.Millisecond
+	p := startEPP(t, []string{px.addr}, "--policy-config="+thresholdPolicy(t, 1000), "--scrape-interval="+interval.String())
+	gw := startGateway(t, p)
+	p.waitMetric(t, "fresh metrics", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", px.addr)
+	mustPost(t, gw, completion(tokens(100, 1), 2, nil))
+
+	px.setHang(true)
+	hungAt := time.Now()
+	p.waitMetric(t, "stale after the page hung", func(v float64) bool { return v == 1 }, "laneway_endpoint_metrics_stale", "endpoint", px.addr)
+	took := time.Since(hungAt)
+	t.Logf("stale %v after /metrics started hanging (scrape interval %v, bound two intervals)", took.Round(time.Millisecond), interval)
+	// The bound is the staleness default, 2 intervals from the last good
+	// scrape (which started before the hang); one more interval absorbs
+	// the poll and scheduling on a loaded machine.
+	if took > 3*interval {
+		t.Errorf("stale only %v after the hang; the bound is two scrape intervals (%v)", took, 2*interval)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	defer cancel()
+	held := postAsync(ctx, gw, completion(tokens(100, 2), 2, nil))
+	p.waitMetric(t, "request held while stale", func(v float64) bool { return v == 1 }, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+	// The hung scrape times out (at the staleness bound) and counts.
+	p.waitMetric(t, "a failed scrape", func(v float64) bool { return v >= 1 }, "laneway_scrape_errors_total", "endpoint", px.addr)
+	select {
+	case a := <-held:
+		t.Fatalf("request answered while the endpoint's metrics were stale: %d %s", a.status, a.body)
+	default:
+	}
+
+	px.setHang(false)
+	if a := await(t, held); a.err != nil || a.status != http.StatusOK || a.endpoint != px.addr {
+		t.Fatalf("held request after recovery: status %d, endpoint %s, err %v: %s", a.status, a.endpoint, a.err, a.body)
+	}
+	if v := p.metric(t, "laneway_endpoint_metrics_stale", "endpoint", px.addr); v != 0 {
+		t.Errorf("stale gauge %v after recovery, want 0", v)
+	}
+}
+
+// TestUnseenLoadHoldsRequests: requests sent to the model server directly
+// (behind the picker's back) fill its queue; the picker sees the waiting
+// requests in the engine's metrics, counts them as prefill load, and holds
+// its own requests until the queue is gone.
+func TestUnseenLoadHoldsRequests(t *testing.T) {
+	s := startSim(t, "127.0.0.91", "--max-num-seqs=1", "--time-per-output-token=10ms")
+	p := startEPP(t, []string{s.addr}, "--policy-config="+thresholdPolicy(t, 1536), "--scrape-interval=50ms")
+	gw := startGateway(t, p)
+	p.waitMetric(t, "fresh metrics", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", s.addr)
+
+	// One request runs for seconds, three wait behind it (one slot).
+	direct, stopDirect := context.WithCancel(context.Background())
+	defer stopDirect()
+	var directAnswers []<-chan answer
+	for i := range 4 {
+		directAnswers = append(directAnswers, postAsync(direct, "http://"+s.addr, completion(tokens(200, uint64(10+i)), 2000, nil)))
+	}
+	p.waitMetric(t, "unseen waiting requests", func(v float64) bool { return v == 3 }, "laneway_endpoint_unseen_waiting_requests", "endpoint", s.addr)
+
+	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	defer cancel()
+	held := postAsync(ctx, gw, completion(tokens(100, 1), 1, nil))
+	p.waitMetric(t, "request held behind unseen load", func(v float64) bool { return v == 1 }, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+	select {
+	case a := <-held:
+		t.Fatalf("request answered while the engine's queue held 3 strangers: %d %s", a.status, a.body)
+	default:
+	}
+
+	// The direct clients go away; the engine drops their requests.
+	stopDirect()
+	for _, ch := range directAnswers {
+		if a := await(t, ch); a.err == nil {
+			t.Errorf("direct request finished (%d) although its client went away", a.status)
+		}
+	}
+	if a := await(t, held); a.err != nil || a.status != http.StatusOK {
+		t.Fatalf("held request after the queue emptied: status %d, err %v: %s", a.status, a.err, a.body)
+	}
+}
+
+// TestPriorityForwardedToEngine: with --forward-priority the body reaches
+// the engine with vLLM's priority (the negated hint), the simulator records
+// it, and under contention its priority scheduler runs the more important
+// request first; strict_priority is never forwarded.
+func TestPriorityForwardedToEngine(t *testing.T) {
+	s := startSim(t, "127.0.0.101", "--scheduling-policy=priority", "--max-num-seqs=1", "--time-per-output-token=10ms")
+	p := startEPP(t, []string{s.addr}, "--forward-priority", "--scrape-interval=50ms")
+	gw := startGateway(t, p)
+	p.waitMetric(t, "fresh metrics", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", s.addr)
+	simGauge := func(name string) float64 { return metricSum(scrape(t, s.addr), name) }
+	waitSim := func(name string, want float64) {
+		t.Helper()
+		waitFor(t, func() string { return fmt.Sprintf("%s = %v, want %v", name, simGauge(name), want) },
+			func() bool { return simGauge(name) == want })
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	defer cancel()
+	p1, p10 := int32(1), int32(10)
+	strict := uint32(5)
+	// Prompt lengths tell the requests apart in the simulator's records.
+	blocker := postAsync(ctx, gw, completion(tokens(64, 1), 60, nil))
+	waitSim("vllm:num_requests_running", 1)
+	low := postAsync(ctx, gw, completion(tokens(65, 2), 1, &hints{Priority: &p1}))
+	waitSim("vllm:num_requests_waiting", 1)
+	strictOnly := postAsync(ctx, gw, completion(tokens(66, 3), 1, &hints{StrictPriority: &strict}))
+	waitSim("vllm:num_requests_waiting", 2)
+	high := postAsync(ctx, gw, completion(tokens(67, 4), 1, &hints{Priority: &p10}))
+	waitSim("vllm:num_requests_waiting", 3)
+	for _, ch := range []<-chan answer{blocker, low, strictOnly, high} {
+		if a := await(t, ch); a.err != nil || a.status != http.StatusOK {
+			t.Fatalf("status %d, err %v: %s", a.status, a.err, a.body)
+		}
+	}
+	byLen := map[int]modelsim.Record{}
+	for _, r := range s.records(t) {
+		byLen[r.PromptTokens] = r
+	}
+	cases := []struct {
+		name     string
+		tokens   int
+		priority int
+	}{{"blocker (no hint)", 64, 0}, {"priority 1", 65, -1}, {"strict only", 66, 0}, {"priority 10", 67, -10}}
+	for _, c := range cases {
+		r, ok := byLen[c.tokens]
+		if !ok {
+			t.Fatalf("no record of %s", c.name)
+		}
+		if r.Priority != c.priority {
+			t.Errorf("%s: engine received priority %d, want %d", c.name, r.Priority, c.priority)
+		}
+	}
+	// vLLM order: lower priority value first, then arrival.
+	hi, lo, st := byLen[67], byLen[65], byLen[66]
+	if !hi.Start.Before(lo.Start) || !lo.Start.Before(st.Start) {
+		t.Errorf("engine admitted priority 10 at %v, priority 1 at %v, strict-only at %v: want that order",
+			hi.Start.Format(time.StampMicro), lo.Start.Format(time.StampMicro), st.Start.Format(time.StampMicro))
+	}
+}
