@@ -100,10 +100,6 @@ KIND        ?= kind
 IMAGE_REPO  ?= ghcr.io/laneway-dev
 IMAGE_TAG   ?= dev
 E2E_TIMEOUT ?= 30m
-# The Kubernetes version helm renders for offline (lint, template): a helm
-# built from source without release ldflags assumes v1.20, below the
-# chart's kubeVersion. The envtest API server is this version.
-CHART_KUBE_VERSION ?= v1.36.3
 
 .PHONY: chart-crds
 chart-crds: ## Copy the generated CRDs into the chart (run after `make manifests`; a test checks they match).
@@ -112,11 +108,11 @@ chart-crds: ## Copy the generated CRDs into the chart (run after `make manifests
 
 .PHONY: lint-chart
 lint-chart: helm envtest ## helm lint and template every charts/laneway/ci value set, then apply each rendering to a real kube-apiserver.
-	$(HELM) lint --strict --kube-version $(CHART_KUBE_VERSION) $(CHART)
+	$(HELM) lint --strict $(CHART)
 	@set -e; for f in $(CHART)/ci/*-values.yaml; do \
 	  echo "== $$f"; \
-	  $(HELM) lint --strict --kube-version $(CHART_KUBE_VERSION) $(CHART) -f $$f; \
-	  $(HELM) template laneway $(CHART) --kube-version $(CHART_KUBE_VERSION) --namespace laneway-ci --include-crds -f $$f > /dev/null; \
+	  $(HELM) lint --strict $(CHART) -f $$f; \
+	  $(HELM) template laneway $(CHART) --namespace laneway-ci --include-crds -f $$f > /dev/null; \
 	done
 	HELM=$(HELM) $(GO) test -race -count=1 -run '^TestChart' ./test/e2e/...
 

@@ -87,8 +87,8 @@ func TestChartEnvoyConfig(t *testing.T) {
 				t.Errorf("laneway_epp type %v, want STRICT_DNS (the picker's Service)", epp.GetType())
 			}
 			sa := epp.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
-			if sa.GetAddress() != "gw-laneway.edge.svc" || sa.GetPortValue() != 9002 {
-				t.Errorf("laneway_epp targets %s:%d, want the picker Service gw-laneway.edge.svc:9002", sa.GetAddress(), sa.GetPortValue())
+			if sa.GetAddress() != "gw-laneway.edge.svc.cluster.local" || sa.GetPortValue() != 9002 {
+				t.Errorf("laneway_epp targets %s:%d, want the picker Service gw-laneway.edge.svc.cluster.local:9002", sa.GetAddress(), sa.GetPortValue())
 			}
 			var po upstreamhttpv3.HttpProtocolOptions
 			unpackValid(t, "laneway_epp protocol options", epp.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"], &po)

@@ -20,6 +20,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	"sigs.k8s.io/yaml"
 
@@ -566,3 +569,80 @@ func (r *describeRegisterer) MustRegister(cs ...prometheus.Collector) {
 }
 
 func (r *describeRegisterer) Unregister(prometheus.Collector) bool { return true }
+
+// adminKubeconfig writes a kubeconfig for cfg (the envtest administrator)
+// for commands such as helm.
+func adminKubeconfig(t *testing.T, cfg *rest.Config) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
+	kc.CurrentContext = "envtest"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestChartHelmInstall installs and uninstalls the chart with helm itself
+// against the real API server (helm's own CRD handling from crds/, its
+// ownership labels, its upgrade path) and checks that the release notes
+// tell the user how to send a request in a class.
+func TestChartHelmInstall(t *testing.T) {
+	cfg := apiServer(t)
+	ctx := testContext(t, 3*time.Minute)
+	a, err := newApplier(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The InferencePool CRD as a cluster's gateway would have brought it.
+	raw, err := os.ReadFile(filepath.Join(shared.root, "config", "crd", "external", "inference.networking.k8s.io_inferencepools.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd, err := decodeObjects(string(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.apply(ctx, crd); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := adminKubeconfig(t, cfg)
+	helm := func(args ...string) string {
+		t.Helper()
+		out, err := run(ctx, "", helmBinary(t), append(args, "--kubeconfig", kubeconfig)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	values := filepath.Join(chartDir(), "ci", "pool-policy-values.yaml")
+	out := helm("install", "lw", chartDir(), "--namespace", "helm-install", "--create-namespace", "-f", values,
+		"--set", "inferencePool.installCRD=false", "--set", "envoy.enabled=true")
+	for _, want := range []string{
+		"STATUS: deployed",
+		"InferencePool helm-install/llm",
+		"kubectl -n helm-install port-forward service/lw-laneway-envoy 8080:80",
+		"-H 'x-dynamo-meta-policy-class: premium'",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("helm install output lacks %q:\n%s", want, out)
+		}
+	}
+	pc := &unstructured.Unstructured{}
+	pc.SetAPIVersion(v1alpha1.GroupVersion.String())
+	pc.SetKind("PolicyClass")
+	pc.SetNamespace("helm-install")
+	pc.SetName("llm-premium")
+	if err := a.exists(ctx, pc); err != nil {
+		t.Errorf("PolicyClass llm-premium after helm install: %v", err)
+	}
+	out = helm("upgrade", "lw", chartDir(), "--namespace", "helm-install", "-f", values,
+		"--set", "inferencePool.installCRD=false", "--set", "envoy.enabled=false", "--set", "epp.replicas=2")
+	if !strings.Contains(out, "STATUS: deployed") || !strings.Contains(out, "2 replicas, leader election") {
+		t.Errorf("helm upgrade output:\n%s", out)
+	}
+	helm("uninstall", "lw", "--namespace", "helm-install")
+}

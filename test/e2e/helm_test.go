@@ -26,11 +26,6 @@ import (
 // chartDir is the chart under test.
 func chartDir() string { return filepath.Join(shared.root, "charts", "laneway") }
 
-// kubeVersion is the Kubernetes version helm renders for: the envtest API
-// server's (a helm built from source assumes v1.20 otherwise, below the
-// chart's kubeVersion). Makefile's CHART_KUBE_VERSION is the same.
-const kubeVersion = "v1.36.3"
-
 // renderArgs are one `helm template` call.
 type renderArgs struct {
 	release, namespace string
@@ -46,7 +41,7 @@ type renderArgs struct {
 // template failures are judged by).
 func helmTemplate(t testing.TB, a renderArgs) (string, error) {
 	t.Helper()
-	args := []string{"template", a.release, chartDir(), "--namespace", a.namespace, "--include-crds", "--kube-version", kubeVersion}
+	args := []string{"template", a.release, chartDir(), "--namespace", a.namespace, "--include-crds"}
 	for _, f := range a.valuesFiles {
 		args = append(args, "-f", f)
 	}

@@ -457,3 +457,61 @@ func writeFile(path, s string) error {
 	}
 	return nil
 }
+
+// TestKindManifestsAccepted checks, without docker, what the kind
+// environment would create: the chart rendered with the kind values and
+// each scenario's policy, and the modelsim pod objects (preStop sleep,
+// probes, security context), all applied to the real API server
+// (server-side dry run for the pods, which no kubelet would run here).
+func TestKindManifestsAccepted(t *testing.T) {
+	cfg := apiServer(t)
+	ctx := testContext(t, 3*time.Minute)
+	a, err := newApplier(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(shared.root, "config", "crd", "external", "inference.networking.k8s.io_inferencepools.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd, err := decodeObjects(string(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.apply(ctx, crd); err != nil {
+		t.Fatal(err)
+	}
+	scheme, err := testenv.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scenarios := map[string]string{
+		"routing":  "",
+		"weighted": weightedValues(512, 128),
+		"strict":   oneClassValues("standard", ""),
+		"limit":    oneClassValues("limited", ", requestQueueLimitPerWorker: 5"),
+		"delete":   oneClassValues("standard", ", requestQueueLimitPerWorker: 1024"),
+	}
+	for _, name := range sortedKeys(scenarios) {
+		ns := "kind-" + name
+		objs := render(t, renderArgs{release: name, namespace: ns, values: kindValues + "\n" + scenarios[name]})
+		if findObject(objs, "Deployment", name+"-laneway-envoy") == nil {
+			t.Fatalf("%s: the kind values render no Envoy: %v", name, kinds(objs))
+		}
+		if err := a.ensureNamespace(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.apply(ctx, objs); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for _, ps := range []podSpec{{name: "sim-a"}, {name: "sim-c", notReady: true}} {
+			if err := kube.Create(ctx, simPodObject(ns, ps), client.DryRunAll); err != nil {
+				t.Errorf("%s: modelsim pod %s refused: %v", name, ps.name, err)
+			}
+		}
+	}
+}
