@@ -3,6 +3,7 @@ package epp
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,44 @@ func TestParseBlocksHashesLikeTheSimulator(t *testing.T) {
 	var plain dispatcher.Ticket
 	if err := (BodyParser{}).Parse(&extproc.Request{Body: body}, &plain); err != nil || plain.Blocks != nil || plain.RawISL != tk.RawISL {
 		t.Errorf("Parse: %v, blocks %v, raw %d: want no hashes and the same count", err, plain.Blocks, plain.RawISL)
+	}
+}
+
+func TestReadBodyFields(t *testing.T) {
+	cases := []struct {
+		name, body string
+		model      string
+		priority   int32
+		wantErr    string
+	}{
+		{"plain", `{"model":"m","prompt":"x","nvext":{"agent_hints":{"priority":4}}}`, "m", 4, ""},
+		{"keys fold like encoding/json, last wins", `{"Model":"a","MODEL":"b","NVEXT":{"agent_hints":{"priority":2}}}`, "b", 2, ""},
+		{"escaped key", `{"mod\u0065l":"e"}`, "e", 0, ""},
+		{"null nvext", `{"model":"m","nvext":null}`, "m", 0, ""},
+		{"model not a string", `{"model":7}`, "", 0, "field model: number does not fit string"},
+		{"priority out of range", `{"nvext":{"agent_hints":{"priority":3000000000}}}`, "", 0, "field nvext.agent_hints.priority: number 3000000000 does not fit int32"},
+		{"not an object", `[1]`, "", 0, "not a JSON object"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := readBodyFields([]byte(tc.body))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var p int32
+			if f.NVExt != nil && f.NVExt.AgentHints != nil && f.NVExt.AgentHints.Priority != nil {
+				p = *f.NVExt.AgentHints.Priority
+			}
+			if f.Model != tc.model || p != tc.priority {
+				t.Fatalf("model %q priority %d, want %q %d", f.Model, p, tc.model, tc.priority)
+			}
+		})
 	}
 }
 
@@ -259,5 +298,94 @@ func TestIntelOptions(t *testing.T) {
 	o := NewOptions()
 	if !o.Intel.ScrapeMetrics || o.Intel.ScrapeInterval != 100*time.Millisecond || o.Intel.Picker != PickerPrefix || o.Intel.ForwardPriority {
 		t.Errorf("defaults %+v: want scraping every 100ms, the prefix picker, no forwarding", o.Intel)
+	}
+}
+
+// bench32k returns a completions body whose prompt is about 32k tokens:
+// text (the estimate) or token ids (exact).
+func bench32k(ids bool) []byte {
+	if ids {
+		var sb strings.Builder
+		sb.WriteString(`{"model":"m","prompt":[`)
+		for i := range 32768 {
+			if i > 0 {
+				sb.WriteByte(',')
+			}
+			fmt.Fprint(&sb, 1+(i*7919)%49999)
+		}
+		sb.WriteString(`]}`)
+		return []byte(sb.String())
+	}
+	return []byte(`{"model":"m","prompt":"` + strings.Repeat("The quick brown fox jumps over the lazy dog. ", 3277) + `"}`)
+}
+
+// BenchmarkParseBlocks32k: the request goroutine's share of a decision for
+// a 32k-token prompt: tokenize (estimate or token ids), hash 2,048 blocks,
+// read the hints; buffers pooled as the handler does.
+func BenchmarkParseBlocks32k(b *testing.B) {
+	for _, ids := range []bool{false, true} {
+		name := "text"
+		if ids {
+			name = "token-ids"
+		}
+		b.Run(name, func(b *testing.B) {
+			req := &extproc.Request{Body: bench32k(ids), Headers: map[string]string{}}
+			b.SetBytes(int64(len(req.Body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var tk dispatcher.Ticket
+				buf := blockBufs.Get().(*[]uint64)
+				if err := (BodyParser{}).ParseBlocks(req, &tk, 16, (*buf)[:0]); err != nil {
+					b.Fatal(err)
+				}
+				if len(tk.Blocks) < 2000 {
+					b.Fatalf("%d blocks", len(tk.Blocks))
+				}
+				recycleBlocks(buf, &tk)
+			}
+		})
+	}
+}
+
+// BenchmarkDecide32k100Endpoints: the handler's whole decision for a
+// 32k-token text prompt over 100 endpoints — parse and hash, the loop's
+// snapshot and pick (through its channel), the routed hooks — with the
+// prompt cached on one endpoint.
+func BenchmarkDecide32k100Endpoints(b *testing.B) {
+	o := NewOptions()
+	o.Intel.ScrapeMetrics = false
+	o.MaxFallbacks = 2
+	in := newIntel(o, logr.Discard())
+	dopts := dispatcher.Options{MaxFallbacks: 2}
+	in.configure(&dopts)
+	c, err := (&policy.Config{}).Compile()
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, err := dispatcher.New(dispatcher.FromCompiled(c), dopts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := in.attach(d, prometheus.NewRegistry()); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	var eps []dispatcher.Endpoint
+	for i := range 100 {
+		eps = append(eps, dispatcher.Endpoint{Addr: fmt.Sprintf("10.0.0.%d:8000", i+1)})
+	}
+	d.SetEndpoints(eps)
+	h := &Handler{Parser: BodyParser{}, Dispatcher: d, Hooks: in}
+	req := &extproc.Request{Body: bench32k(false), Headers: map[string]string{}}
+	b.ReportAllocs()
+	for b.Loop() {
+		dec, err := h.Decide(context.Background(), req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		dec.Lifecycle.Done()
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+	"strings"
 )
 
 // errNotObject is returned by setTopLevelInt for a body that is not a JSON
@@ -21,41 +22,15 @@ var errNotObject = errors.New("request body is not a JSON object")
 func setTopLevelInt(body []byte, key string, v int64) ([]byte, error) {
 	var num [24]byte
 	val := strconv.AppendInt(num[:0], v, 10)
-	i := skipSpace(body, 0)
-	if i >= len(body) || body[i] != '{' {
-		return nil, errNotObject
-	}
-	open := i
-	// Value spans [start, end) of members named key.
-	var spans [][2]int
-	i = skipSpace(body, i+1)
-	if i < len(body) && body[i] == '}' {
-		i = len(body) // empty object: nothing to scan
-	}
-	for i < len(body) {
-		ks := i
-		ke, err := skipString(body, i)
-		if err != nil {
-			return nil, err
-		}
-		i = skipSpace(body, ke)
-		if i >= len(body) || body[i] != ':' {
-			return nil, errNotObject
-		}
-		vs := skipSpace(body, i+1)
-		ve, err := skipValue(body, vs)
-		if err != nil {
-			return nil, err
-		}
-		if keyEquals(body[ks:ke], key) {
+	var spans [][2]int // values of the members named key
+	open, err := forEachMember(body, func(k []byte, vs, ve int) error {
+		if keyEquals(k, key) {
 			spans = append(spans, [2]int{vs, ve})
 		}
-		i = skipSpace(body, ve)
-		if i < len(body) && body[i] == ',' {
-			i = skipSpace(body, i+1)
-			continue
-		}
-		break
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if len(spans) == 0 {
 		out := make([]byte, 0, len(body)+len(key)+len(val)+4)
@@ -79,15 +54,72 @@ func setTopLevelInt(body []byte, key string, v int64) ([]byte, error) {
 	return append(out, body[prev:]...), nil
 }
 
+// forEachMember calls fn with each top-level member of the JSON object
+// body, in order: its quoted key and the span [vs, ve) of its value. It
+// skips values without decoding them (a long prompt costs a byte scan),
+// and returns the index of the object's opening brace. body must be valid
+// JSON: this is a scanner, not a validator.
+func forEachMember(body []byte, fn func(key []byte, vs, ve int) error) (int, error) {
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return 0, errNotObject
+	}
+	open := i
+	i = skipSpace(body, i+1)
+	if i < len(body) && body[i] == '}' {
+		return open, nil
+	}
+	for i < len(body) {
+		ks := i
+		ke, err := skipString(body, i)
+		if err != nil {
+			return 0, err
+		}
+		i = skipSpace(body, ke)
+		if i >= len(body) || body[i] != ':' {
+			return 0, errNotObject
+		}
+		vs := skipSpace(body, i+1)
+		ve, err := skipValue(body, vs)
+		if err != nil {
+			return 0, err
+		}
+		if err := fn(body[ks:ke], vs, ve); err != nil {
+			return 0, err
+		}
+		i = skipSpace(body, ve)
+		if i < len(body) && body[i] == ',' {
+			i = skipSpace(body, i+1)
+			continue
+		}
+		break
+	}
+	return open, nil
+}
+
 // keyEquals compares a quoted JSON key with name, decoding escapes only
 // when the key has any.
 func keyEquals(quoted []byte, name string) bool {
+	k, ok := keyString(quoted)
+	return ok && k == name
+}
+
+// keyFolds reports whether a quoted JSON key names the struct field name
+// as encoding/json matches it: exactly or case-insensitively.
+func keyFolds(quoted []byte, name string) bool {
+	k, ok := keyString(quoted)
+	return ok && strings.EqualFold(k, name)
+}
+
+// keyString decodes a quoted key; without escapes it aliases nothing and
+// allocates nothing for keys compared right away.
+func keyString(quoted []byte) (string, bool) {
 	inner := quoted[1 : len(quoted)-1]
 	if bytes.IndexByte(inner, '\\') < 0 {
-		return string(inner) == name
+		return string(inner), true
 	}
 	var s string
-	return json.Unmarshal(quoted, &s) == nil && s == name
+	return s, json.Unmarshal(quoted, &s) == nil
 }
 
 func skipSpace(b []byte, i int) int {
