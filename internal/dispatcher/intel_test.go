@@ -370,19 +370,20 @@ func TestEnginesAgree(t *testing.T) {
 }
 
 // BenchmarkDecision is the loop's whole work for one direct request of a
-// 32k-token prompt over 100 endpoints: cost snapshot (prefix overlap on
+// 32k-token prompt over 100 (and 1,000) endpoints: cost snapshot (prefix overlap on
 // every eligible endpoint), class resolution, busy test, offer, pick,
 // charge and index record, then release. Body parsing and hashing are not
 // included (pkg/tokenize and internal/epp measure them).
 func BenchmarkDecision(b *testing.B) {
-	for _, holders := range []int{0, 1, 100} {
-		b.Run(fmt.Sprintf("endpoints=100/holders=%d", holders), func(b *testing.B) {
+	for _, c := range []struct{ endpoints, holders int }{{100, 0}, {100, 1}, {100, 100}, {1000, 1}} {
+		holders := c.holders
+		b.Run(fmt.Sprintf("endpoints=%d/holders=%d", c.endpoints, holders), func(b *testing.B) {
 			d, err := New(oneClass(1<<40), Options{Picker: NewCostPicker(1, 1), Prefix: &PrefixOptions{}, MaxFallbacks: 0})
 			if err != nil {
 				b.Fatal(err)
 			}
 			var list []Endpoint
-			for i := range 100 {
+			for i := range c.endpoints {
 				list = append(list, Endpoint{Addr: fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1), MaxBatchedTokens: 8192})
 			}
 			d.setEndpoints(list)
