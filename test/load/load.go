@@ -109,9 +109,9 @@ type Result struct {
 	// schedule (the load tool falling behind, not the picker).
 	MaxLag time.Duration
 
-	// PickerCPU is the CPU seconds the picker used during the run, and
-	// PickerCPUPer1000 per 1,000 decisions; both are NaN-free zero when no
-	// sampler was given (HasPickerCPU false).
+	// PickerCPU is the CPU seconds the picker used during the run and
+	// PickerCPUPer1000 the same per 1,000 decisions; HasPickerCPU is false
+	// (and both zero) when no sampler was given or it failed.
 	HasPickerCPU     bool
 	PickerCPU        float64
 	PickerCPUPer1000 float64

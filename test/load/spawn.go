@@ -36,9 +36,13 @@ type SpawnOptions struct {
 
 // Proc is a running picker subprocess.
 type Proc struct {
-	Cmd                               *exec.Cmd
+	// Cmd is the started process.
+	Cmd *exec.Cmd
+	// GRPCAddr, HealthAddr and MetricsAddr are its ext_proc, gRPC health
+	// and Prometheus addresses.
 	GRPCAddr, HealthAddr, MetricsAddr string
-	exited                            chan struct{}
+
+	exited chan struct{} // closed once the process has been reaped
 }
 
 // BuildEPP builds ./cmd/epp of the module around the working directory
