@@ -25,6 +25,16 @@ policy_classes:
     request_queue_limit_per_worker: 8
 `
 
+// renamedPolicy replaces every class with one new class.
+const renamedPolicy = `
+policy_classes:
+  - name: gold
+    queue_policy: fcfs
+    quantum: 1
+    prefill_busy_threshold: 100
+    request_queue_limit_per_worker: 8
+`
+
 // invalidPolicy has an unknown key, which the strict loader rejects.
 const invalidPolicy = `
 policy_classes:
@@ -100,6 +110,17 @@ func TestPolicyReload(t *testing.T) {
 	}
 	if n, found := metricSum(fams, "dynamo_frontend_router_queue_pending_requests", "policy_class", "batch"); !found || n != 1 {
 		t.Errorf("batch pending = %v (present %v), want 1", n, found)
+	}
+
+	// A policy whose classes all differ: every queued request is resolved
+	// again into the new class, none is dropped.
+	replaceFile(t, path, renamedPolicy)
+	waitFor(t, func() bool {
+		n, _ := metricSum(p.scrape(t), "dynamo_frontend_router_queue_pending_requests", "policy_class", "gold")
+		return n == 5
+	}, func() string { return "the 5 queued requests never showed up in class gold" })
+	if _, found := metricSum(p.scrape(t), "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); found {
+		t.Error("class standard is still exported after it was removed")
 	}
 
 	// Nothing was lost: every queued request is served.
