@@ -18,6 +18,10 @@ import (
 // scrape intervals; it is a failure bound, not a performance assertion.
 const eventTimeout = 10 * time.Second
 
+// relaxed is the staleness bound of tests about something else: no good
+// scrape takes that long even on a loaded machine, so nothing flaps stale.
+const relaxed = 5 * time.Second
+
 // delivery is one Sink call.
 type delivery struct {
 	addr  string
@@ -155,7 +159,7 @@ func newTestScraper(t *testing.T, sink Sink, o ScrapeOptions) *Scraper {
 func TestScrapeDeliversParsedPage(t *testing.T) {
 	ps := newPageServer(t, "127.0.0.31", vllmPage(3, 2))
 	sink := make(chanSink, 64)
-	s := newTestScraper(t, sink, ScrapeOptions{Interval: 20 * time.Millisecond})
+	s := newTestScraper(t, sink, ScrapeOptions{Interval: 20 * time.Millisecond, Staleness: relaxed})
 	s.SetTargets([]Target{{Addr: ps.addr, Engine: EngineVLLM}})
 
 	d := sink.next(t)
@@ -302,7 +306,7 @@ func TestScrapeTransitionsLoggedOnce(t *testing.T) {
 		logMu.Unlock()
 	}, funcr.Options{Verbosity: 2})
 	sink := make(chanSink, 1024)
-	s := newTestScraper(t, sink, ScrapeOptions{Interval: 10 * time.Millisecond, Log: log})
+	s := newTestScraper(t, sink, ScrapeOptions{Interval: 10 * time.Millisecond, Staleness: 300 * time.Millisecond, Log: log})
 	s.SetTargets([]Target{{Addr: ps.addr, Engine: EngineVLLM}})
 	sink.next(t)
 	ps.set("", http.StatusServiceUnavailable) // fails fast, many times
@@ -329,7 +333,7 @@ func TestSetTargetsStopsAndRestarts(t *testing.T) {
 	a := newPageServer(t, "127.0.0.35", vllmPage(1, 0))
 	b := newPageServer(t, "127.0.0.36", "sglang:num_queue_reqs 2\nsglang:num_running_reqs 5\n")
 	sink := make(chanSink, 1024)
-	s := newTestScraper(t, sink, ScrapeOptions{Interval: 10 * time.Millisecond})
+	s := newTestScraper(t, sink, ScrapeOptions{Interval: 10 * time.Millisecond, Staleness: relaxed})
 	s.SetTargets([]Target{{Addr: a.addr}, {Addr: a.addr}, {Addr: ""}})
 	if st := s.Status(); len(st) != 1 {
 		t.Fatalf("status %+v: want one target (duplicates and empty ignored)", st)
@@ -387,7 +391,7 @@ func TestScrapeOptionsValidate(t *testing.T) {
 func TestScraperCollector(t *testing.T) {
 	ps := newPageServer(t, "127.0.0.37", vllmPage(4, 2))
 	sink := make(chanSink, 1024)
-	s := newTestScraper(t, sink, ScrapeOptions{Interval: 10 * time.Millisecond})
+	s := newTestScraper(t, sink, ScrapeOptions{Interval: 10 * time.Millisecond, Staleness: relaxed})
 	s.SetTargets([]Target{{Addr: ps.addr}, {Addr: "127.0.0.38:1"}})
 	sink.next(t)
 	reg := prometheus.NewPedanticRegistry()
