@@ -26,6 +26,11 @@ func tokens(n int, seed uint64) []int {
 	return out
 }
 
+// relaxedStaleness is for tests about something other than staleness: a
+// slow scrape on a loaded test machine must not flap an endpoint stale
+// (busy, ranked last) under them.
+const relaxedStaleness = "--metrics-staleness=5s"
+
 // thresholdPolicy is one explicit fcfs class that queues once an endpoint
 // has more than threshold prompt tokens in prefill.
 func thresholdPolicy(t *testing.T, threshold int) string {
@@ -57,7 +62,7 @@ func TestRepeatedPromptGoesHome(t *testing.T) {
 		sims = append(sims, s)
 		addrs = append(addrs, s.addr)
 	}
-	p := startEPP(t, addrs, "--scrape-interval=50ms", "--v=4")
+	p := startEPP(t, addrs, "--scrape-interval=50ms", relaxedStaleness, "--v=4")
 	gw := startGateway(t, p)
 	for _, a := range addrs {
 		p.waitMetric(t, "metrics of "+a+" fresh", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", a)
@@ -129,7 +134,7 @@ func runSharedPrefixWorkload(t *testing.T, picker string, firstIP int) ttftRun {
 		sims = append(sims, s)
 		addrs = append(addrs, s.addr)
 	}
-	p := startEPP(t, addrs, "--picker="+picker, "--scrape-interval=50ms")
+	p := startEPP(t, addrs, "--picker="+picker, "--scrape-interval=50ms", relaxedStaleness)
 	gw := startGateway(t, p)
 	for _, a := range addrs {
 		p.waitMetric(t, "metrics of "+a+" fresh", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", a)
@@ -267,7 +272,7 @@ func TestHungMetricsMakesEndpointBusy(t *testing.T) {
 // its own requests until the queue is gone.
 func TestUnseenLoadHoldsRequests(t *testing.T) {
 	s := startSim(t, "127.0.0.91", "--max-num-seqs=1", "--time-per-output-token=10ms")
-	p := startEPP(t, []string{s.addr}, "--policy-config="+thresholdPolicy(t, 1536), "--scrape-interval=50ms")
+	p := startEPP(t, []string{s.addr}, "--policy-config="+thresholdPolicy(t, 1536), "--scrape-interval=50ms", relaxedStaleness)
 	gw := startGateway(t, p)
 	p.waitMetric(t, "fresh metrics", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", s.addr)
 
@@ -308,7 +313,7 @@ func TestUnseenLoadHoldsRequests(t *testing.T) {
 // request first; strict_priority is never forwarded.
 func TestPriorityForwardedToEngine(t *testing.T) {
 	s := startSim(t, "127.0.0.101", "--scheduling-policy=priority", "--max-num-seqs=1", "--time-per-output-token=10ms")
-	p := startEPP(t, []string{s.addr}, "--forward-priority", "--scrape-interval=50ms")
+	p := startEPP(t, []string{s.addr}, "--forward-priority", "--scrape-interval=50ms", relaxedStaleness)
 	gw := startGateway(t, p)
 	p.waitMetric(t, "fresh metrics", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", s.addr)
 	simGauge := func(name string) float64 { return metricSum(scrape(t, s.addr), name) }
