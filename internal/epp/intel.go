@@ -262,11 +262,13 @@ var (
 		"Prompt tokens the prefix index expects an endpoint to have cached.", []string{"endpoint"}, nil)
 )
 
+// Describe implements prometheus.Collector.
 func (c *intelCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- unseenDesc
 	ch <- indexTokensDesc
 }
 
+// Collect implements prometheus.Collector.
 func (c *intelCollector) Collect(ch chan<- prometheus.Metric) {
 	s, ok := c.disp.Snapshot()
 	if !ok {
