@@ -157,8 +157,8 @@ func TestChartEnvoyConfig(t *testing.T) {
 			// The picker returns one endpoint for ORIGINAL_DST, and Envoy's
 			// pod probes the readiness listener.
 			dep := fromUnstructured[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "gw-laneway"))
-			if !slices.Contains(dep.Spec.Template.Spec.Containers[0].Args, "--max-fallbacks=0") {
-				t.Errorf("picker args %v lack --max-fallbacks=0", dep.Spec.Template.Spec.Containers[0].Args)
+			if !slices.Contains(dep.Spec.Template.Spec.Containers[0].Args, "--header-pick-only") {
+				t.Errorf("picker args %v lack --header-pick-only", dep.Spec.Template.Spec.Containers[0].Args)
 			}
 			envoy := fromUnstructured[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "gw-laneway-envoy"))
 			probe := envoy.Spec.Template.Spec.Containers[0].ReadinessProbe

@@ -94,6 +94,8 @@ type releaseOps interface {
 	// (SIGTERM and a new process; a rolling restart of the Deployment) and
 	// returns once a picker is ready again.
 	restartPicker(ctx context.Context) error
+	// pickerMetrics returns the serving picker's /metrics page.
+	pickerMetrics(ctx context.Context) ([]byte, error)
 	// diagnostics is the picker's log (or where to find it), for a failed
 	// test's output.
 	diagnostics() string

@@ -434,6 +434,12 @@ func (kr *kindRelease) restartPicker(ctx context.Context) error {
 	})
 }
 
+// pickerMetrics reads the picker's /metrics through the API server's
+// service proxy (the Service reaches only the Ready picker).
+func (kr *kindRelease) pickerMetrics(ctx context.Context) ([]byte, error) {
+	return kr.c.cs.CoreV1().Services(kr.ns).ProxyGet("http", kr.release+"-laneway", "9090", "/metrics", nil).DoRaw(ctx)
+}
+
 func (kr *kindRelease) diagnostics() string {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

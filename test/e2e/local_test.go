@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -165,6 +166,7 @@ type localRelease struct {
 	eppArgs []string
 	eppEnv  []string
 	health  string
+	metrics string
 
 	mu   sync.Mutex
 	epp  *proc
@@ -253,6 +255,7 @@ func (c *localCluster) install(t *testing.T, spec installSpec) *release {
 	}
 	lr.eppArgs, lr.eppEnv = args, []string{"POD_NAMESPACE=" + ns, "POD_NAME=" + spec.name + "-epp-0"}
 	lr.health = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+	lr.metrics = "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2])) + "/metrics"
 	if err := lr.startEPP(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -437,6 +440,10 @@ func (lr *localRelease) diagnostics() string {
 	return tail(lr.epp.out.String(), 20000)
 }
 
+func (lr *localRelease) pickerMetrics(ctx context.Context) ([]byte, error) {
+	return httpGet(ctx, lr.metrics)
+}
+
 func (lr *localRelease) beginPodDeletion(ctx context.Context, name string) error {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: lr.r.ns}}
 	if err := lr.c.kube.Delete(ctx, pod, client.GracePeriodSeconds(30)); err != nil {
@@ -500,6 +507,24 @@ func waitHTTP(ctx context.Context, p *proc, url string) error {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
 	})
+}
+
+// httpGet returns the body of a 200 answer from url.
+func httpGet(ctx context.Context, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return body, err
 }
 
 // waitGRPCServing polls a gRPC health service until it is SERVING.

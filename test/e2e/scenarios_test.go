@@ -1,16 +1,21 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -178,6 +183,50 @@ func TestE2EWeightedShare(t *testing.T) {
 	}
 	waitPolicyAccepted(ctx, t, r)
 	run("512:512", false, 1)
+	checkPickerMetricsDocumented(ctx, t, r)
+}
+
+// checkPickerMetricsDocumented scrapes the picker after a workload: every
+// Laneway and reference-router series it exports has a dashboard panel and
+// a line in docs/metrics.md, and every series the dashboard queries is one
+// the picker exports (or one of the core registry that needs a rejection
+// to show a sample).
+func checkPickerMetricsDocumented(ctx context.Context, t *testing.T, r *release) {
+	t.Helper()
+	page, err := r.ops.pickerMetrics(ctx)
+	if err != nil {
+		t.Fatalf("picker metrics: %v", err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(page))
+	if err != nil {
+		t.Fatalf("parse picker metrics: %v", err)
+	}
+	docs, err := os.ReadFile(filepath.Join(shared.root, "docs", "metrics.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	used, _ := dashboardMetrics(t)
+	exported := map[string]bool{}
+	for name := range fams {
+		if !strings.HasPrefix(name, "laneway_") && !strings.HasPrefix(name, "dynamo_frontend_router_") {
+			continue
+		}
+		exported[name] = true
+		if !used[name] {
+			t.Errorf("the picker exports %s, which no dashboard panel shows", name)
+		}
+		if !strings.Contains(string(docs), "`"+name+"`") {
+			t.Errorf("the picker exports %s, which docs/metrics.md does not describe", name)
+		}
+	}
+	core := registeredMetrics(t)
+	for name := range used {
+		if !exported[name] && !core[name] {
+			t.Errorf("the dashboard queries %s, which the picker does not export", name)
+		}
+	}
+	t.Logf("%d picker series after the workload, all on the dashboard and in docs/metrics.md", len(exported))
 }
 
 // TestE2EStrictPriority: a higher strict-priority tier overtakes a backlog
