@@ -9,8 +9,9 @@
 //	loadgen --epp 127.0.0.1:9002 --tls --epp-metrics 127.0.0.1:9090 --rate 3000
 //
 // With --spawn it builds (or takes --epp-bin) and starts the picker itself
-// on free loopback ports, with one endpoint and no policy: the synthetic
-// default class has no busy threshold, so every request is an idle-endpoint
+// on free loopback ports, with no policy and one dummy endpoint that serves
+// an idle vLLM /metrics page: the synthetic default class has no busy
+// threshold and the endpoint is idle, so every request is an idle-endpoint
 // decision.
 package main
 
@@ -235,17 +236,26 @@ func spawn(ctx context.Context, f *flags) (*load.Proc, func(), error) {
 		os.RemoveAll(dir)
 		return nil, nil, fmt.Errorf("picker log: %w", err)
 	}
-	// Nothing listens on the dummy endpoint: the picker never connects to
-	// its endpoints, it only names them.
+	// The dummy endpoint serves only an idle vLLM /metrics page, so the
+	// picker's scraper sees a fresh, idle engine; requests are never sent
+	// to it (the load tool plays the upstream itself).
+	dummy, err := load.StartIdleEndpoint()
+	if err != nil {
+		logf.Close()
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
 	p, err := load.Spawn(ctx, load.SpawnOptions{
-		Bin: bin, TLS: f.tls, Endpoints: []string{"127.0.0.2:8000"}, Args: f.eppArgs, Log: logf,
+		Bin: bin, TLS: f.tls, Endpoints: []string{dummy.Addr()}, Args: f.eppArgs, Log: logf,
 	})
 	if err != nil {
+		dummy.Close()
 		logf.Close()
 		return nil, nil, fmt.Errorf("%w (picker log in %s)", err, logf.Name())
 	}
 	return p, func() {
 		err := p.Stop(30 * time.Second)
+		dummy.Close()
 		logf.Close()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "loadgen: %v (picker log in %s)\n", err, logf.Name())

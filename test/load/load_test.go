@@ -3,6 +3,8 @@ package load
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -147,6 +149,38 @@ func spawnPicker(t *testing.T, endpoints ...string) (*Proc, *Runner) {
 	return p, &Runner{Clients: []*extprocclient.Client{extprocclient.New(conn, extprocclient.Options{})}, PickerCPU: p.CPU()}
 }
 
+// idleEndpoint starts an idle stand-in model server for the test.
+func idleEndpoint(t *testing.T) string {
+	t.Helper()
+	e, err := StartIdleEndpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e.Addr()
+}
+
+func TestIdleEndpoint(t *testing.T) {
+	addr := idleEndpoint(t)
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "vllm:num_requests_waiting{model_name=\"loadgen\"} 0") {
+		t.Errorf("GET /metrics: %d %q", resp.StatusCode, body)
+	}
+	resp, err = http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound && resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST /v1/completions: %d, want no model service", resp.StatusCode)
+	}
+}
+
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
@@ -155,7 +189,7 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 // arrival is sent on schedule, routed, held and completed, and the report
 // adds up.
 func TestRunOpen(t *testing.T) {
-	_, r := spawnPicker(t, "127.0.0.2:8000")
+	_, r := spawnPicker(t, idleEndpoint(t))
 	res, err := r.RunOpen(context.Background(), Config{Rate: 200, Hold: 20 * time.Millisecond, Duration: 500 * time.Millisecond, PromptTokens: 64})
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +210,7 @@ func TestRunOpen(t *testing.T) {
 // TestRunOpenCap: arrivals that find the cap reached are skipped, not
 // delayed, so the schedule stays open-loop.
 func TestRunOpenCap(t *testing.T) {
-	_, r := spawnPicker(t, "127.0.0.2:8000")
+	_, r := spawnPicker(t, idleEndpoint(t))
 	res, err := r.RunOpen(context.Background(), Config{Rate: 100, Hold: 200 * time.Millisecond, Duration: 500 * time.Millisecond, ConcurrencyCap: 1, PromptTokens: 8})
 	if err != nil {
 		t.Fatal(err)
@@ -190,7 +224,7 @@ func TestRunOpenCap(t *testing.T) {
 // answers by status (no endpoints: 503).
 func TestRunClosed(t *testing.T) {
 	t.Run("routed", func(t *testing.T) {
-		_, r := spawnPicker(t, "127.0.0.2:8000")
+		_, r := spawnPicker(t, idleEndpoint(t))
 		res, err := r.RunClosed(context.Background(), Config{Concurrency: 4, Duration: 300 * time.Millisecond, PromptTokens: 16})
 		if err != nil {
 			t.Fatal(err)
