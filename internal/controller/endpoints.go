@@ -88,6 +88,9 @@ func Endpoints(pool *inferencev1.InferencePool, pods []corev1.Pod, defaultMax ui
 				Addr:             net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port))),
 				MaxBatchedTokens: maxTok,
 				Tainted:          tainted,
+				// The upstream engine-type label picks the metrics mapping
+				// (SPEC §9); empty falls back to --engine-type.
+				Engine: p.Labels[LabelEngineType],
 			})
 		}
 	}
@@ -96,6 +99,10 @@ func Endpoints(pool *inferencev1.InferencePool, pods []corev1.Pod, defaultMax ui
 	// make a duplicate; the dispatcher keys endpoints by address.
 	return slices.CompactFunc(eps, func(a, b dispatcher.Endpoint) bool { return a.Addr == b.Addr })
 }
+
+// LabelEngineType is the upstream pod label naming a model server's engine
+// (vllm, sglang, trtllm).
+const LabelEngineType = "inference.networking.k8s.io/engine-type"
 
 func podReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {

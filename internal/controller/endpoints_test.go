@@ -43,6 +43,15 @@ func annotate(k, v string) podOpt {
 	return func(p *corev1.Pod) { p.Annotations[k] = v }
 }
 
+func label(k, v string) podOpt {
+	return func(p *corev1.Pod) {
+		if p.Labels == nil {
+			p.Labels = map[string]string{}
+		}
+		p.Labels[k] = v
+	}
+}
+
 func ep(addr string, maxTok uint64, tainted bool) dispatcher.Endpoint {
 	return dispatcher.Endpoint{Addr: addr, MaxBatchedTokens: maxTok, Tainted: tainted}
 }
@@ -112,6 +121,15 @@ func TestEndpoints(t *testing.T) {
 			pool: testPool(8000),
 			pods: []corev1.Pod{testPod("a", "fd00::1")},
 			want: []dispatcher.Endpoint{ep("[fd00::1]:8000", 100, false)},
+		},
+		{
+			name: "the engine-type label names the endpoint's engine",
+			pool: testPool(8000),
+			pods: []corev1.Pod{testPod("a", "10.0.0.1", label(LabelEngineType, "sglang")), testPod("b", "10.0.0.2")},
+			want: []dispatcher.Endpoint{
+				{Addr: "10.0.0.1:8000", MaxBatchedTokens: 100, Engine: "sglang"},
+				ep("10.0.0.2:8000", 100, false),
+			},
 		},
 		{
 			name: "a port listed twice is one endpoint",
