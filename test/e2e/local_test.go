@@ -79,16 +79,17 @@ func newLocalCluster(t *testing.T) *localCluster {
 	return &localCluster{cfg: cfg, kube: kube, cs: cs, apply: a, bin: binaries(t)}
 }
 
-// nextIP hands out loopback addresses 127.0.0.20 and up, one per pod for
-// the whole binary, so a stopped pod's address is never reused.
+// nextIP hands out loopback addresses in 127.88.0.0/16, a range no other
+// suite of the module uses (they may run at the same time), one per pod
+// for the whole binary, so a stopped pod's address is never reused.
 var nextIP atomic.Int32
 
 func allocIP() (string, error) {
-	n := 20 + nextIP.Add(1)
-	if n > 254 {
+	n := nextIP.Add(1)
+	if n >= 250*250 {
 		return "", errors.New("out of loopback addresses for pods")
 	}
-	return "127.0.0." + strconv.Itoa(int(n)), nil
+	return fmt.Sprintf("127.88.%d.%d", n/250, n%250+1), nil
 }
 
 // commonPort finds a port free on every one of ips: all pods of a pool
