@@ -40,7 +40,7 @@ demo: build ## The weighted-share workload end to end: modelsim + epp + local ga
 ##@ Test
 
 .PHONY: test
-test: envtest vet ## go vet + go test -race over the module.
+test: envtest controller-gen helm vet ## go vet + go test -race over the module (builds kube-apiserver, etcd, controller-gen and helm into bin/ first).
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 
 .PHONY: vet
@@ -141,4 +141,4 @@ $(KUBE_APISERVER) $(ETCD): hack/envtest/go.mod hack/envtest/go.sum
 
 .PHONY: help
 help: ## Show this help.
-	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*?##/ { printf "  %-16s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z0-9_-]+:.*?##/ { printf "  %-16s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
