@@ -1,0 +1,8 @@
+//go:build !linux
+
+package testproc
+
+import "syscall"
+
+// procAttr has no parent-death signal to set outside Linux.
+func procAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{} }
