@@ -114,13 +114,20 @@ func (p *Proc) Signal(sig os.Signal) error {
 // same outcome.
 func (p *Proc) Stop(grace time.Duration) error {
 	_ = p.Signal(syscall.SIGTERM)
+	return p.Wait(grace)
+}
+
+// Wait waits up to limit for an exit the caller has asked for (a signal
+// already sent) and returns ExitErr; past limit it ends the process as Stop
+// does and returns an error wrapping ErrNotStopped.
+func (p *Proc) Wait(limit time.Duration) error {
 	select {
 	case <-p.done:
 		return p.ExitErr()
-	case <-time.After(grace):
+	case <-time.After(limit):
 	}
 	p.Quit()
-	return fmt.Errorf("%s %w (%s); stopped with SIGQUIT (goroutine dump in its log)", p.Name, ErrNotStopped, grace)
+	return fmt.Errorf("%s %w (%s); stopped with SIGQUIT (goroutine dump in its log)", p.Name, ErrNotStopped, limit)
 }
 
 // Quit makes a running process print its goroutines and exit (Go's SIGQUIT

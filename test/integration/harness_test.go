@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -27,12 +26,11 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
 // Bounds of the harness's waits. They are failure guards for events that
@@ -62,31 +60,11 @@ type eppProc struct {
 	grpcAddr, healthAddr, metricsAddr string
 	tls                               bool
 
-	cmd    *exec.Cmd
-	logs   *logBuffer
-	exited chan struct{} // closed when the process has been reaped
+	proc *testproc.Proc
+	logs *testproc.Log
 
 	stopOnce sync.Once
 	stopErr  error
-}
-
-// logBuffer collects the picker's output; the process writes from its own
-// copying goroutines while tests read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // errPortTaken reports that another process bound one of the free ports
@@ -115,7 +93,7 @@ func startEPP(t *testing.T, o eppOptions) *eppProc {
 			// A failed test may have left the picker stuck: ask it for a
 			// goroutine dump (SIGQUIT) instead of a drain, so the log shows
 			// where it was.
-			p.dumpAndStop()
+			p.stopOnce.Do(p.proc.Quit)
 			t.Logf("epp log (ended with SIGQUIT for its goroutine dump):\n%s", p.logs)
 			return
 		}
@@ -127,37 +105,16 @@ func startEPP(t *testing.T, o eppOptions) *eppProc {
 	return p
 }
 
-// dumpAndStop makes a still running picker print every goroutine's stack
-// and exit (Go's SIGQUIT behaviour), then waits for it.
-func (p *eppProc) dumpAndStop() {
-	p.stopOnce.Do(func() {
-		select {
-		case <-p.exited:
-			return
-		default:
-		}
-		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-	})
-}
-
 func launchEPP(o eppOptions) (*eppProc, error) {
-	ports, err := freePorts(3)
+	ports, err := testproc.FreePorts("127.0.0.1", 3)
 	if err != nil {
 		return nil, err
 	}
 	p := &eppProc{
-		grpcAddr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
-		healthAddr:  net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])),
-		metricsAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2])),
+		grpcAddr:    testproc.HostPort("127.0.0.1", ports[0]),
+		healthAddr:  testproc.HostPort("127.0.0.1", ports[1]),
+		metricsAddr: testproc.HostPort("127.0.0.1", ports[2]),
 		tls:         o.tls,
-		logs:        &logBuffer{},
-		exited:      make(chan struct{}),
 	}
 	args := []string{
 		"--bind-address=127.0.0.1",
@@ -177,19 +134,13 @@ func launchEPP(o eppOptions) (*eppProc, error) {
 		args = append(args, "--policy-config="+o.policy)
 	}
 	args = append(args, o.args...)
-	p.cmd = exec.Command(eppBinary, args...)
-	p.cmd.Stdout = p.logs
-	p.cmd.Stderr = p.logs
-	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("exec %s: %w", eppBinary, err)
+	p.proc, err = testproc.Start(testproc.Options{Name: "epp", Bin: eppBinary, Args: args})
+	if err != nil {
+		return nil, err
 	}
-	go func() {
-		_ = p.cmd.Wait() // the state is read from cmd.ProcessState
-		close(p.exited)
-	}()
-	if err := p.waitReady(); err != nil {
-		_ = p.cmd.Process.Kill()
-		<-p.exited
+	p.logs = p.proc.Log
+	if err := testproc.WaitGRPCServing(context.Background(), p.proc, p.healthAddr, "readiness", nil, readyTimeout); err != nil {
+		p.proc.Kill()
 		if strings.Contains(p.logs.String(), "address already in use") {
 			return nil, fmt.Errorf("%w: %v", errPortTaken, err)
 		}
@@ -198,76 +149,10 @@ func launchEPP(o eppOptions) (*eppProc, error) {
 	return p, nil
 }
 
-// freePorts returns n distinct ports that were free on 127.0.0.1 a moment
-// ago (all probes are held open together so they differ).
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for i := 0; i < n; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("probe a free port: %w", err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
-// waitReady watches the readiness health service until it reports SERVING,
-// or the process exits, or readyTimeout passes.
-func (p *eppProc) waitReady() error {
-	// The process binds its ports a few milliseconds after exec; a short
-	// reconnect backoff keeps the wait close to that instead of gRPC's
-	// default first retry after one second.
-	conn, err := grpc.NewClient(p.healthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.5, MaxDelay: 200 * time.Millisecond},
-			MinConnectTimeout: time.Second,
-		}))
-	if err != nil {
-		return fmt.Errorf("dial health %s: %w", p.healthAddr, err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
-	defer cancel()
-	go func() {
-		select {
-		case <-p.exited:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	stream, err := healthpb.NewHealthClient(conn).Watch(ctx,
-		&healthpb.HealthCheckRequest{Service: "readiness"}, grpc.WaitForReady(true))
-	if err != nil {
-		return fmt.Errorf("watch readiness: %w", err)
-	}
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			select {
-			case <-p.exited:
-				return fmt.Errorf("process exited (%s) before it was ready", p.cmd.ProcessState)
-			default:
-			}
-			return fmt.Errorf("watch readiness: %w", err)
-		}
-		if resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-	}
-}
-
 // signal sends SIGTERM without waiting.
 func (p *eppProc) sigterm(t *testing.T) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.proc.Signal(syscall.SIGTERM); err != nil {
 		t.Fatalf("SIGTERM epp: %v", err)
 	}
 }
@@ -276,37 +161,14 @@ func (p *eppProc) sigterm(t *testing.T) {
 // anything but a clean exit 0 within the drain timeout is an error. It is
 // idempotent.
 func (p *eppProc) stop() error {
-	p.stopOnce.Do(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		}
-		p.stopErr = p.waitExit(drainTimeout + 5*time.Second)
-	})
+	p.stopOnce.Do(func() { p.stopErr = p.proc.Stop(drainTimeout + 5*time.Second) })
 	return p.stopErr
 }
 
-// waitExit waits for the process to exit and checks it exited 0.
+// waitExit waits for the process to exit and checks it exited 0; past
+// limit it gets SIGQUIT, so the log shows what held the drain up.
 func (p *eppProc) waitExit(limit time.Duration) error {
-	select {
-	case <-p.exited:
-	case <-time.After(limit):
-		// SIGQUIT makes the Go runtime print every goroutine: the log
-		// then shows what held the drain up.
-		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
-		select {
-		case <-p.exited:
-		case <-time.After(5 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-		return fmt.Errorf("epp did not exit within %s of SIGTERM; stopped with SIGQUIT (goroutine dump in its log)", limit)
-	}
-	if st := p.cmd.ProcessState; st == nil || st.ExitCode() != 0 {
-		return fmt.Errorf("epp exited with %s", st)
-	}
-	return nil
+	return p.proc.Wait(limit)
 }
 
 // dial opens a gRPC connection to the picker's ext_proc port (TLS with

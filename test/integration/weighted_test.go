@@ -9,31 +9,8 @@ import (
 	"time"
 
 	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/workload"
 )
-
-// weightedPolicy is SPEC §11's weighted-share policy with the two quanta
-// left open.
-const weightedPolicy = `
-default_policy_family: regular
-uncached_isl_buckets:
-  - min_tokens: 0
-    bucket: all
-policy_classes:
-  - name: premium
-    policy_family: premium
-    cache_bucket: all
-    queue_policy: fcfs
-    quantum: %d
-    prefill_busy_threshold: 1536
-    request_queue_limit_per_worker: 1024
-  - name: regular
-    policy_family: regular
-    cache_bucket: all
-    queue_policy: fcfs
-    quantum: %d
-    prefill_busy_threshold: 1536
-    request_queue_limit_per_worker: 1024
-`
 
 const (
 	perClass    = 320
@@ -129,7 +106,7 @@ func runWeightedShare(t *testing.T, premiumQ, regularQ int) []string {
 	bs := startBackends(t, 1)
 	p := startEPP(t, eppOptions{
 		endpoints: addrs(bs),
-		policy:    writePolicy(t, fmt.Sprintf(weightedPolicy, premiumQ, regularQ)),
+		policy:    writePolicy(t, workload.PolicyYAML(uint64(premiumQ), uint64(regularQ))),
 		args:      []string{"--max-num-batched-tokens=8192"},
 	})
 	// Two connections, as a gateway with two workers would hold.
