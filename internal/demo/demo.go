@@ -9,8 +9,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/laneway-dev/laneway/internal/testproc"
 	"github.com/laneway-dev/laneway/internal/workload"
 )
+
+// readyTimeout bounds each process's start-up wait.
+const readyTimeout = 30 * time.Second
 
 // Config says where the binaries are and how big the run is.
 type Config struct {
@@ -43,31 +47,6 @@ type Outcome struct {
 	Result   *workload.Result
 	Shares   workload.Shares
 	Misses   []string
-}
-
-// policyYAML is the SPEC §11 policy in the reference router's format.
-func policyYAML(s Scenario) string {
-	return fmt.Sprintf(`# Weighted-share demo policy (SPEC §11), quanta %s.
-default_policy_family: regular
-uncached_isl_buckets:
-  - min_tokens: 0
-    bucket: all
-policy_classes:
-  - name: premium
-    policy_family: premium
-    cache_bucket: all
-    queue_policy: fcfs
-    quantum: %d
-    prefill_busy_threshold: 1536
-    request_queue_limit_per_worker: 1024
-  - name: regular
-    policy_family: regular
-    cache_bucket: all
-    queue_policy: fcfs
-    quantum: %d
-    prefill_busy_threshold: 1536
-    request_queue_limit_per_worker: 1024
-`, s.Name, s.PremiumQuantum, s.Regular)
 }
 
 // Run runs every scenario, prints the table and writes the plots. It
@@ -110,63 +89,68 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 		return o, err
 	}
 	policyFile := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, []byte(policyYAML(sc)), 0o644); err != nil {
+	if err := os.WriteFile(policyFile, []byte(workload.PolicyYAML(sc.PremiumQuantum, sc.Regular)), 0o644); err != nil {
 		return o, err
 	}
 	const simIP, loIP = "127.0.0.2", "127.0.0.1"
-	simPort, err := freePort(simIP)
+	simPort, err := testproc.FreePort(simIP)
 	if err != nil {
 		return o, err
 	}
-	var ports [4]int
-	for i := range ports {
-		if ports[i], err = freePort(loIP); err != nil {
-			return o, err
-		}
+	ports, err := testproc.FreePorts(loIP, 4)
+	if err != nil {
+		return o, err
 	}
 	grpcPort, healthPort, metricsPort, gwPort := ports[0], ports[1], ports[2], ports[3]
-	simAddr := hostPort(simIP, simPort)
+	simAddr := testproc.HostPort(simIP, simPort)
 
-	var procs []*proc
+	var procs []*testproc.Proc
 	defer func() {
 		for i := len(procs) - 1; i >= 0; i-- {
-			if serr := procs[i].stop(10 * time.Second); serr != nil && err == nil {
-				err = serr
+			if serr := procs[i].Stop(10 * time.Second); serr != nil && err == nil {
+				err = fmt.Errorf("%w\n%s", serr, procs[i].Log.Tail(2000))
 			}
-			_ = os.WriteFile(filepath.Join(dir, procs[i].name+".log"), []byte(procs[i].out.String()), 0o644)
+			_ = os.WriteFile(filepath.Join(dir, procs[i].Name+".log"), []byte(procs[i].Log.String()), 0o644)
 		}
 	}()
+	start := func(name string, args ...string) (*testproc.Proc, error) {
+		// The head of a chatty log is what explains a failure; 1 MiB of it
+		// is plenty.
+		p, err := testproc.Start(testproc.Options{Name: name, Bin: filepath.Join(cfg.BinDir, name), Args: args, LogLimit: 1 << 20})
+		if err == nil {
+			procs = append(procs, p)
+		}
+		return p, err
+	}
 
-	sim, err := start("modelsim", filepath.Join(cfg.BinDir, "modelsim"),
+	sim, err := start("modelsim",
 		"--host", simIP, fmt.Sprint("--port=", simPort),
 		"--max-num-seqs=4", "--max-num-batched-tokens=8192", "--enable-prefix-caching=false",
 		"--prefill-tokens-per-sec=40000", "--time-per-output-token=10ms")
 	if err != nil {
 		return o, err
 	}
-	procs = append(procs, sim)
-	epp, err := start("epp", filepath.Join(cfg.BinDir, "epp"),
+	epp, err := start("epp",
 		"--endpoints", simAddr, "--policy-config", policyFile, "--bind-address", loIP,
 		fmt.Sprint("--grpc-port=", grpcPort), fmt.Sprint("--grpc-health-port=", healthPort),
 		fmt.Sprint("--metrics-port=", metricsPort), "--max-num-batched-tokens=8192")
 	if err != nil {
 		return o, err
 	}
-	procs = append(procs, epp)
-	gw, err := start("gateway", filepath.Join(cfg.BinDir, "gateway"),
-		"--listen", hostPort(loIP, gwPort), "--epp", hostPort(loIP, grpcPort), "--epp-insecure-skip-verify")
+	gwAddr := testproc.HostPort(loIP, gwPort)
+	gw, err := start("gateway",
+		"--listen", gwAddr, "--epp", testproc.HostPort(loIP, grpcPort), "--epp-insecure-skip-verify")
 	if err != nil {
 		return o, err
 	}
-	procs = append(procs, gw)
 
-	if err := waitFor(ctx, sim, "modelsim", httpOK("http://"+simAddr+"/health")); err != nil {
+	if err := testproc.WaitFor(ctx, sim, "modelsim", readyTimeout, testproc.HTTPOK("http://"+simAddr+"/health")); err != nil {
 		return o, err
 	}
-	if err := waitFor(ctx, epp, "epp", grpcServing(hostPort(loIP, healthPort), "readiness", false)); err != nil {
+	if err := testproc.WaitGRPCServing(ctx, epp, testproc.HostPort(loIP, healthPort), "readiness", nil, readyTimeout); err != nil {
 		return o, err
 	}
-	if err := waitFor(ctx, gw, "gateway", tcpOpen(hostPort(loIP, gwPort))); err != nil {
+	if err := testproc.WaitFor(ctx, gw, "gateway", readyTimeout, testproc.TCPOpen(gwAddr)); err != nil {
 		return o, err
 	}
 
@@ -174,7 +158,7 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 		sc.Name, cfg.PerClass, cfg.PerClass)
 	bar := newProgress(cfg.Progress, sc.Name)
 	res, err := workload.Run(ctx, workload.Spec{
-		URL:          "http://" + hostPort(loIP, gwPort) + "/v1/completions",
+		URL:          "http://" + gwAddr + "/v1/completions",
 		Model:        "sim-model",
 		Classes:      []string{"premium", "regular"},
 		PerClass:     cfg.PerClass,
