@@ -10,24 +10,19 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/laneway-dev/laneway/internal/gateway"
 	"github.com/laneway-dev/laneway/internal/modelsim"
+	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
 // Bounds of the harness's waits: failure guards for events that should
@@ -38,83 +33,44 @@ const (
 	pollEvery    = 10 * time.Millisecond
 )
 
-// logBuffer collects a process's output while tests read it.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // proc is a running subprocess; cleanup stops it with SIGTERM and checks a
 // clean exit.
 type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	logs   *logBuffer
-	exited chan struct{}
+	*testproc.Proc
+	logs *testproc.Log
 }
 
 func startProc(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, cmd: exec.Command(bin, args...), logs: &logBuffer{}, exited: make(chan struct{})}
-	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
+	tp, err := testproc.Start(testproc.Options{Name: name, Bin: bin, Args: args})
+	if err != nil {
+		t.Fatal(err)
 	}
-	go func() {
-		_ = p.cmd.Wait() // state read through ProcessState
-		close(p.exited)
-	}()
+	p := &proc{Proc: tp, logs: tp.Log}
 	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		// Not stopping within 20 s ends it with SIGQUIT, so the log shows
+		// where it hung.
+		if err := p.Stop(20 * time.Second); err != nil {
+			t.Errorf("%s shutdown: %v", name, err)
 		}
-		select {
-		case <-p.exited:
-		case <-time.After(20 * time.Second):
-			_ = p.cmd.Process.Signal(syscall.SIGQUIT)
-			<-p.exited
-			t.Errorf("%s did not stop within 20s of SIGTERM", name)
-		}
-		if st := p.cmd.ProcessState; t.Failed() || st == nil || st.ExitCode() != 0 {
-			if !t.Failed() {
-				t.Errorf("%s exited with %v", name, st)
-			}
-			t.Logf("%s log:\n%s", name, tail(p.logs.String(), 32<<10))
+		if t.Failed() {
+			t.Logf("%s log:\n%s", name, p.logs.Tail(32<<10))
 		}
 	})
 	return p
 }
 
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "...\n" + s[len(s)-n:]
-	}
-	return s
-}
+// tail is the last n bytes of a log.
+func tail(s string, n int) string { return testproc.Tail(s, n) }
 
 // freePort returns a port free on ip a moment ago.
 func freePort(t *testing.T, ip string) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	port, err := testproc.FreePort(ip)
 	if err != nil {
 		t.Skipf("loopback address %s not usable here: %v", ip, err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // waitFor polls cond until it holds, for states that raise no event.
@@ -145,14 +101,9 @@ func startSim(t *testing.T, ip string, args ...string) *sim {
 	host, port, _ := net.SplitHostPort(addr)
 	s := &sim{addr: addr}
 	s.proc = startProc(t, "modelsim "+addr, simBinary, append([]string{"--host=" + host, "--port=" + port}, args...)...)
-	waitFor(t, func() string { return "modelsim " + addr + " healthy\n" + s.logs.String() }, func() bool {
-		resp, err := httpClient.Get("http://" + addr + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	if err := testproc.WaitFor(context.Background(), s.Proc, "modelsim "+addr, readyTimeout, testproc.HTTPOK("http://"+addr+"/health")); err != nil {
+		t.Fatal(err)
+	}
 	return s
 }
 
@@ -181,14 +132,15 @@ type epp struct {
 // for its readiness service.
 func startEPP(t *testing.T, endpoints []string, args ...string) *epp {
 	t.Helper()
-	e := &epp{}
-	ports := [3]int{}
-	for i := range ports {
-		ports[i] = freePort(t, "127.0.0.1")
+	ports, err := testproc.FreePorts("127.0.0.1", 3)
+	if err != nil {
+		t.Fatal(err)
 	}
-	e.grpcAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
-	e.healthAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
-	e.metricsAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2]))
+	e := &epp{
+		grpcAddr:    testproc.HostPort("127.0.0.1", ports[0]),
+		healthAddr:  testproc.HostPort("127.0.0.1", ports[1]),
+		metricsAddr: testproc.HostPort("127.0.0.1", ports[2]),
+	}
 	all := append([]string{
 		"--bind-address=127.0.0.1",
 		"--grpc-port=" + strconv.Itoa(ports[0]),
@@ -199,44 +151,10 @@ func startEPP(t *testing.T, endpoints []string, args ...string) *epp {
 		"--endpoints=" + strings.Join(endpoints, ","),
 	}, args...)
 	e.proc = startProc(t, "epp", eppBinary, all...)
-	if err := e.waitReady(); err != nil {
+	if err := testproc.WaitGRPCServing(context.Background(), e.Proc, e.healthAddr, "readiness", nil, readyTimeout); err != nil {
 		t.Fatalf("epp not ready: %v\n%s", err, e.logs)
 	}
 	return e
-}
-
-func (e *epp) waitReady() error {
-	conn, err := grpc.NewClient(e.healthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.5, MaxDelay: 200 * time.Millisecond},
-			MinConnectTimeout: time.Second,
-		}))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
-	defer cancel()
-	go func() {
-		select {
-		case <-e.exited:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	stream, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: "readiness"}, grpc.WaitForReady(true))
-	if err != nil {
-		return err
-	}
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			return fmt.Errorf("watch readiness: %w", err)
-		}
-		if resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-	}
 }
 
 // scrape reads a /metrics page.
