@@ -14,6 +14,7 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
+	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
 // ErrNoAssets is wrapped by Start and AssetsDir when the kube-apiserver and
@@ -23,22 +24,7 @@ var ErrNoAssets = errors.New("envtest binaries (kube-apiserver, etcd) not found;
 
 // RepoRoot returns the directory of the module's go.mod, found by walking up
 // from the working directory (a test's working directory is its package).
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("find repository root: %w", err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("find repository root: no go.mod above %s", dir)
-		}
-		dir = parent
-	}
-}
+func RepoRoot() (string, error) { return testproc.ModuleRoot() }
 
 // AssetsDir returns the directory holding kube-apiserver and etcd:
 // $KUBEBUILDER_ASSETS when set, else <repo root>/bin/k8s. The error wraps

@@ -7,7 +7,12 @@ import (
 	"path/filepath"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
@@ -84,5 +89,31 @@ func TestStart(t *testing.T) {
 	var got inferencev1.InferencePool
 	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), &got); err != nil || got.Spec.TargetPorts[0].Number != 8000 {
 		t.Fatalf("read back InferencePool: %v %+v", err, got.Spec)
+	}
+
+	// A ServiceAccount kubeconfig authenticates (Forbidden, not
+	// Unauthorized) with the ServiceAccount's rights only: none here.
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "laneway-epp", Namespace: "default"}}
+	if err := c.Create(ctx, sa); err != nil {
+		t.Fatalf("create ServiceAccount: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	saCfg, err := ServiceAccountKubeconfig(ctx, cfg, "default", sa.Name, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromFile, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		t.Fatalf("load the written kubeconfig: %v", err)
+	}
+	for name, rc := range map[string]*rest.Config{"returned config": saCfg, "kubeconfig file": fromFile} {
+		cs, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s: listing pods as the ServiceAccount = %v, want Forbidden", name, err)
+		}
 	}
 }
