@@ -1,7 +1,6 @@
 package k8s
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -18,7 +17,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,20 +24,14 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/util/retry"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	"sigs.k8s.io/yaml"
@@ -47,6 +39,7 @@ import (
 	"github.com/laneway-dev/laneway/api/v1alpha1"
 	"github.com/laneway-dev/laneway/internal/extprocclient"
 	"github.com/laneway-dev/laneway/internal/testenv"
+	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
 // Bounds of the harness's waits: failure guards for events that should
@@ -139,20 +132,9 @@ func (e *env) create(obj client.Object) {
 // ServiceAccount, so the picker runs with exactly the Role's rights.
 func (e *env) saKubeconfig(sa string) string {
 	e.t.Helper()
-	tr, err := kube.CoreV1().ServiceAccounts(e.ns).CreateToken(ctx(e.t), sa, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		e.t.Fatalf("TokenRequest for ServiceAccount %s: %v", sa, err)
-	}
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["envtest"] = &clientcmdapi.Cluster{Server: adminCfg.Host, CertificateAuthorityData: adminCfg.CAData}
-	cfg.AuthInfos[sa] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
-	cfg.Contexts["sa"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: sa, Namespace: e.ns}
-	cfg.CurrentContext = "sa"
 	path := filepath.Join(e.t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		e.t.Fatalf("write kubeconfig: %v", err)
+	if _, err := testenv.ServiceAccountKubeconfig(ctx(e.t), adminCfg, e.ns, sa, path); err != nil {
+		e.t.Fatal(err)
 	}
 	return path
 }
@@ -182,12 +164,11 @@ func newIP() string {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testproc.FreePort("127.0.0.1")
 	if err != nil {
-		t.Fatalf("probe a free port: %v", err)
+		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // pod is a model-server pod of the test: its object and the real HTTP
@@ -314,9 +295,10 @@ type eppProc struct {
 	t                     *testing.T
 	name                  string
 	grpc, health, metrics string
+	proc                  *testproc.Proc
 	cmd                   *exec.Cmd
-	logs                  *logBuffer
-	exited                chan struct{}
+	logs                  eppLog
+	exited                <-chan struct{}
 	conn, healthConn      *grpc.ClientConn
 	client                *extprocclient.Client
 	killed                bool
@@ -325,62 +307,15 @@ type eppProc struct {
 	stopErr               error
 }
 
-// logBuffer keeps the picker's output for failure messages, and signals
-// the lines a test waits for.
-type logBuffer struct {
-	mu    sync.Mutex
-	buf   bytes.Buffer
-	watch []logWatch
-}
+// eppLog is the picker's output as the tests read it: failure messages
+// show its last 64 KiB, and await signals the lines a test waits for.
+type eppLog struct{ *testproc.Log }
 
-type logWatch struct {
-	substr string
-	ch     chan string
-}
+func (l eppLog) String() string { return l.Tail(64 << 10) }
 
-func (b *logBuffer) line(l string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.buf.Len() < 4<<20 {
-		b.buf.WriteString(l)
-		b.buf.WriteByte('\n')
-	}
-	kept := b.watch[:0]
-	for _, w := range b.watch {
-		if strings.Contains(l, w.substr) {
-			w.ch <- l
-			continue
-		}
-		kept = append(kept, w)
-	}
-	b.watch = kept
-}
-
-// await returns a channel that receives the first later line containing
-// substr, or one already logged.
-func (b *logBuffer) await(substr string) <-chan string {
-	ch := make(chan string, 1)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, l := range strings.Split(b.buf.String(), "\n") {
-		if strings.Contains(l, substr) {
-			ch <- l
-			return ch
-		}
-	}
-	b.watch = append(b.watch, logWatch{substr, ch})
-	return ch
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s := b.buf.String()
-	if len(s) > 64<<10 {
-		s = "...\n" + s[len(s)-64<<10:]
-	}
-	return s
-}
+// await returns a channel that receives the first line containing substr,
+// one already logged or a later one.
+func (l eppLog) await(substr string) <-chan string { return l.Await(substr) }
 
 // startEPP starts the picker in Kubernetes mode for pool, on ports chosen
 // by the kernel, and returns once it logged its addresses (not yet ready:
@@ -388,7 +323,6 @@ func (b *logBuffer) String() string {
 // 0; on failure its log goes to the test log.
 func (e *env) startEPP(name, pool string, args ...string) *eppProc {
 	e.t.Helper()
-	p := &eppProc{t: e.t, name: name, logs: &logBuffer{}, exited: make(chan struct{})}
 	all := append([]string{
 		"--pool-name=" + pool,
 		"--pool-namespace=" + e.ns,
@@ -402,29 +336,16 @@ func (e *env) startEPP(name, pool string, args ...string) *eppProc {
 		// scraping on every pod would stay busy (unknown load).
 		"--scrape-metrics=false",
 	}, args...)
-	p.cmd = exec.Command(eppBinary, all...)
 	// Only the kubeconfig flag may say where the API server is.
-	p.cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		return strings.HasPrefix(kv, "KUBECONFIG=") || strings.HasPrefix(kv, "POD_NAMESPACE=") || strings.HasPrefix(kv, "KUBERNETES_SERVICE_")
 	})
-	stdout, err := p.cmd.StdoutPipe()
+	tp, err := testproc.Start(testproc.Options{Name: name, Bin: eppBinary, Args: all, Env: env, LogLimit: 4 << 20})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	p.cmd.Stderr = p.cmd.Stdout
+	p := &eppProc{t: e.t, name: name, proc: tp, cmd: tp.Cmd, logs: eppLog{tp.Log}, exited: tp.Done()}
 	serving := p.logs.await("endpoint picker serving")
-	if err := p.cmd.Start(); err != nil {
-		e.t.Fatalf("exec %s: %v", eppBinary, err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			p.logs.line(sc.Text())
-		}
-		_ = p.cmd.Wait()
-		close(p.exited)
-	}()
 	e.t.Cleanup(func() {
 		if err := p.stop(); err != nil {
 			e.t.Errorf("%s shutdown: %v", name, err)
@@ -453,42 +374,28 @@ func (e *env) startEPP(name, pool string, args ...string) *eppProc {
 
 func dial(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.5, MaxDelay: 200 * time.Millisecond},
-			MinConnectTimeout: time.Second,
-		}))
+	conn, err := testproc.Dial(addr, nil)
 	if err != nil {
-		t.Fatalf("dial %s: %v", addr, err)
+		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
 }
 
 // stop sends SIGTERM and requires exit status 0 within 15 s (a killed
-// picker only gets reaped).
+// picker only gets reaped; one with mayFail may exit non-zero).
 func (p *eppProc) stop() error {
 	p.stopOnce.Do(func() {
 		if p.killed {
 			<-p.exited
 			return
 		}
-		select {
-		case <-p.exited:
-		default:
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		err := p.proc.Stop(15 * time.Second)
+		var ee *exec.ExitError
+		if p.mayFail && errors.As(err, &ee) {
+			err = nil
 		}
-		select {
-		case <-p.exited:
-		case <-time.After(15 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-			p.stopErr = errors.New("did not exit within 15s of SIGTERM; killed")
-			return
-		}
-		if st := p.cmd.ProcessState; !p.mayFail && (st == nil || !st.Success()) {
-			p.stopErr = fmt.Errorf("exit status %v, want 0", st)
-		}
+		p.stopErr = err
 	})
 	return p.stopErr
 }
@@ -496,8 +403,7 @@ func (p *eppProc) stop() error {
 // kill sends SIGKILL: no drain, no Lease release.
 func (p *eppProc) kill() {
 	p.killed = true
-	_ = p.cmd.Process.Kill()
-	<-p.exited
+	p.proc.Kill()
 }
 
 // watchReadiness streams the readiness health status into the returned

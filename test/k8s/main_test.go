@@ -5,9 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"testing"
 
 	"k8s.io/client-go/kubernetes"
@@ -15,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/internal/testenv"
+	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
 // Shared by every test: the API server (as cluster admin, for the test's
@@ -48,7 +46,7 @@ func run(m *testing.M) int {
 	built := make(chan error, 1)
 	go func() {
 		var err error
-		eppBinary, err = buildEPP(dir, *raceEPP)
+		eppBinary, err = testproc.Build(dir, "./cmd/epp", *raceEPP)
 		built <- err
 	}()
 	cfg, stop, err := testenv.Start()
@@ -94,27 +92,4 @@ func requireEnv(t *testing.T) {
 	if skipReason != "" {
 		t.Skip(skipReason)
 	}
-}
-
-// buildEPP compiles ./cmd/epp of this module into dir.
-func buildEPP(dir string, race bool) (string, error) {
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		return "", err
-	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	out := filepath.Join(dir, "epp")
-	args := []string{"build", "-o", out}
-	if race {
-		args = append(args, "-race")
-	}
-	cmd := exec.Command(goBin, append(args, "./cmd/epp")...)
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build ./cmd/epp: %w\n%s", err, b)
-	}
-	return out, nil
 }
