@@ -28,9 +28,9 @@ func ModuleRoot() (string, error) {
 	}
 }
 
-// goTool is the go command: the one on PATH, else the one of the toolchain
+// GoTool is the go command: the one on PATH, else the one of the toolchain
 // that built this binary (a test started by an IDE may lack PATH).
-func goTool() string {
+func GoTool() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
@@ -51,7 +51,7 @@ func Build(dir, pkg string, race bool) (string, error) {
 	if race {
 		args = append(args, "-race")
 	}
-	cmd := exec.Command(goTool(), append(args, pkg)...)
+	cmd := exec.Command(GoTool(), append(args, pkg)...)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build %s in %s (race %t): %w\n%s", pkg, root, race, err, b)

@@ -18,10 +18,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,12 +25,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/internal/gateway"
 	"github.com/laneway-dev/laneway/internal/testenv"
+	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
 // Bounds of the local environment's waits: failure guards for events that
@@ -53,7 +48,6 @@ const (
 type localCluster struct {
 	cfg   *rest.Config
 	kube  client.Client
-	cs    *kubernetes.Clientset
 	apply *applier
 	bin   string
 }
@@ -72,11 +66,7 @@ func newLocalCluster(t *testing.T) *localCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &localCluster{cfg: cfg, kube: kube, cs: cs, apply: a, bin: binaries(t)}
+	return &localCluster{cfg: cfg, kube: kube, apply: a, bin: binaries(t)}
 }
 
 // nextIP hands out loopback addresses in 127.88.0.0/16, a range no other
@@ -231,7 +221,7 @@ func (c *localCluster) install(t *testing.T, spec installSpec) *release {
 		r.pods[ps.name] = &simPod{name: ps.name, addr: addr}
 	}
 	for _, ps := range spec.pods {
-		if err := waitHTTP(ctx, lr.sims[ps.name], "http://"+r.pods[ps.name].addr+"/health"); err != nil {
+		if err := testproc.WaitFor(ctx, lr.sims[ps.name].Proc, "modelsim "+ps.name, startTimeout, testproc.HTTPOK("http://"+r.pods[ps.name].addr+"/health")); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.createPod(ctx, ns, ps, strings.Split(r.pods[ps.name].addr, ":")[0]); err != nil {
@@ -327,13 +317,11 @@ func localEPPArgs(dep *unstructured.Unstructured, ports []int, kubeconfig string
 // chart's Role, as in a cluster. It checks that the identity cannot read
 // Secrets, so a test never passes on an over-broad identity.
 func (c *localCluster) serviceAccountKubeconfig(ctx context.Context, t *testing.T, ns, sa string) (string, error) {
-	tr, err := c.cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(3600))},
-	}, metav1.CreateOptions{})
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	saCfg, err := testenv.ServiceAccountKubeconfig(ctx, c.cfg, ns, sa, path)
 	if err != nil {
-		return "", fmt.Errorf("token for ServiceAccount %s/%s: %w", ns, sa, err)
+		return "", err
 	}
-	saCfg := &rest.Config{Host: c.cfg.Host, BearerToken: tr.Status.Token, TLSClientConfig: rest.TLSClientConfig{CAData: c.cfg.CAData}}
 	saCS, err := kubernetes.NewForConfig(saCfg)
 	if err != nil {
 		return "", err
@@ -343,15 +331,6 @@ func (c *localCluster) serviceAccountKubeconfig(ctx context.Context, t *testing.
 	}
 	if _, err := saCS.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		return "", fmt.Errorf("the chart's ServiceAccount listing Secrets: %v, want Forbidden (least privilege)", err)
-	}
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["e2e"] = &clientcmdapi.Cluster{Server: c.cfg.Host, CertificateAuthorityData: c.cfg.CAData}
-	kc.AuthInfos[sa] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
-	kc.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: sa, Namespace: ns}
-	kc.CurrentContext = "e2e"
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
-		return "", err
 	}
 	return path, nil
 }
@@ -407,7 +386,7 @@ func (lr *localRelease) startEPP(ctx context.Context) error {
 	lr.mu.Lock()
 	lr.epp = p
 	lr.mu.Unlock()
-	if err := waitGRPCServing(ctx, p, lr.health, "readiness"); err != nil {
+	if err := testproc.WaitGRPCServing(ctx, p.Proc, lr.health, "readiness", nil, startTimeout); err != nil {
 		return fmt.Errorf("%w\nargs: %v\nlog:\n%s", err, lr.eppArgs, tail(p.out.String(), 8000))
 	}
 	return nil
@@ -418,7 +397,7 @@ func (lr *localRelease) stopAll() {
 	epp, sims := lr.epp, lr.sims
 	lr.mu.Unlock()
 	if epp != nil {
-		if err := epp.stop(eppDrain + 10*time.Second); err != nil {
+		if err := epp.Stop(eppDrain + 10*time.Second); err != nil {
 			lr.t.Errorf("picker shutdown: %v", err)
 		}
 		if lr.t.Failed() {
@@ -426,7 +405,7 @@ func (lr *localRelease) stopAll() {
 		}
 	}
 	for name, p := range sims {
-		if err := p.stop(15 * time.Second); err != nil {
+		if err := p.Stop(15 * time.Second); err != nil {
 			lr.t.Errorf("model server %s shutdown: %v", name, err)
 		}
 	}
@@ -477,37 +456,17 @@ func (lr *localRelease) finishPodDeletion(ctx context.Context, name string) erro
 	delete(lr.sims, name)
 	lr.mu.Unlock()
 	// SIGTERM, as a kubelet sends: the server finishes what it has.
-	return p.stop(15 * time.Second)
+	return p.Stop(15 * time.Second)
 }
 
 func (lr *localRelease) restartPicker(ctx context.Context) error {
 	lr.mu.Lock()
 	old := lr.epp
 	lr.mu.Unlock()
-	if err := old.stop(eppDrain + 10*time.Second); err != nil {
+	if err := old.Stop(eppDrain + 10*time.Second); err != nil {
 		return fmt.Errorf("stop picker: %w", err)
 	}
 	return lr.startEPP(ctx)
-}
-
-// waitHTTP polls url until it answers 200: a separate process offers no
-// event to wait on.
-func waitHTTP(ctx context.Context, p *proc, url string) error {
-	return wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, startTimeout, true, func(ctx context.Context) (bool, error) {
-		if err := p.exited(); err != nil {
-			return false, err
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
 }
 
 // httpGet returns the body of a 200 answer from url.
@@ -526,35 +485,6 @@ func httpGet(ctx context.Context, url string) ([]byte, error) {
 		err = fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return body, err
-}
-
-// waitGRPCServing polls a gRPC health service until it is SERVING.
-func waitGRPCServing(ctx context.Context, p *proc, addr, service string) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	hc := healthpb.NewHealthClient(conn)
-	var last error
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, startTimeout, true, func(ctx context.Context) (bool, error) {
-		if err := p.exited(); err != nil {
-			return false, err
-		}
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		r, err := hc.Check(cctx, &healthpb.HealthCheckRequest{Service: service})
-		if err != nil {
-			last = err
-			return false, nil
-		}
-		last = fmt.Errorf("%s is %s", service, r.Status)
-		return r.Status == healthpb.HealthCheckResponse_SERVING, nil
-	})
-	if err != nil {
-		return fmt.Errorf("picker health %s on %s: %w (last: %v)", service, addr, err, last)
-	}
-	return nil
 }
 
 // waitPodsRouted waits until a request pinned to each Ready pod is served

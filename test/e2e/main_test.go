@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/laneway-dev/laneway/internal/testenv"
+	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
 // Environment names (E2E_ENV).
@@ -74,14 +74,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// goTool is the go command that runs this test.
-func goTool() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
-}
-
 // helmBinary returns helm: $HELM, else bin/helm, built from the tools
 // module (hack/tools, as `make helm` does) when it is missing so that `go
 // test` alone works on a fresh clone.
@@ -100,7 +92,7 @@ func helmBinary(t testing.TB) string {
 			shared.helm = p
 			return
 		}
-		cmd := exec.Command(goTool(), "build", "-o", p, "helm.sh/helm/v3/cmd/helm")
+		cmd := exec.Command(testproc.GoTool(), "build", "-o", p, "helm.sh/helm/v3/cmd/helm")
 		cmd.Dir = filepath.Join(shared.root, "hack", "tools")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			shared.helmErr = fmt.Errorf("build helm (as `make helm`): %w\n%s", err, out)
@@ -160,23 +152,11 @@ func binaries(t testing.TB) string {
 			return
 		}
 		shared.binDir = dir
-		build := func(pkg string, race bool) error {
-			args := []string{"build", "-o", dir}
-			if race {
-				args = append(args, "-race")
-			}
-			cmd := exec.Command(goTool(), append(args, pkg)...)
-			cmd.Dir = shared.root
-			if out, err := cmd.CombinedOutput(); err != nil {
-				return fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
-			}
-			return nil
-		}
-		if err := build("./cmd/epp", raceEPP); err != nil {
+		if _, err := testproc.Build(dir, "./cmd/epp", raceEPP); err != nil {
 			shared.binErr = err
 			return
 		}
-		shared.binErr = build("./cmd/modelsim", false)
+		_, shared.binErr = testproc.Build(dir, "./cmd/modelsim", false)
 	})
 	if shared.binErr != nil {
 		t.Fatal(shared.binErr)
