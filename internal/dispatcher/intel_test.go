@@ -357,18 +357,6 @@ func TestOnEndpointsAndEngines(t *testing.T) {
 	}
 }
 
-// TestEnginesAgree: podmetrics and policy number the engines alike, so the
-// dispatcher converts between them by value.
-func TestEnginesAgree(t *testing.T) {
-	for _, name := range []string{"vllm", "sglang", "trtllm", "TRT-LLM"} {
-		pe, err1 := policy.ParseEngine(name)
-		me, err2 := podmetrics.ParseEngine(name)
-		if err1 != nil || err2 != nil || uint8(pe) != uint8(me) || pe.String() != me.String() {
-			t.Errorf("%s: policy %v (%v), podmetrics %v (%v)", name, pe, err1, me, err2)
-		}
-	}
-}
-
 // BenchmarkDecision is the loop's whole work for one direct request of a
 // 32k-token prompt over 100 (and 1,000) endpoints: cost snapshot (prefix overlap on
 // every eligible endpoint), class resolution, busy test, offer, pick,

@@ -194,7 +194,7 @@ func (in *intel) setTargets(eps []dispatcher.Endpoint) {
 			}
 		}
 		// policy and podmetrics number the engines alike.
-		ts = append(ts, podmetrics.Target{Addr: e.Addr, Engine: podmetrics.Engine(dispatcher.EngineOf(e.Engine, in.engine))})
+		ts = append(ts, podmetrics.Target{Addr: e.Addr, Engine: dispatcher.EngineOf(e.Engine, in.engine)})
 	}
 	in.scraper.SetTargets(ts)
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/laneway-dev/laneway/pkg/podmetrics"
 )
 
 // Hints are a request's scheduling hints (SPEC §6), merged from the JSON
@@ -211,42 +213,20 @@ func (hh *HeaderHints) Apply(h *Hints) {
 	}
 }
 
-// Engine is a backend engine kind, for the polarity of the forwarded
-// priority.
-type Engine uint8
+// Engine is a backend engine kind. It is podmetrics.Engine: one set of
+// names serves --engine-type, the engine-type pod label, the metrics
+// mapping (SPEC §9) and the polarity of the forwarded priority (SPEC §6).
+type Engine = podmetrics.Engine
 
 // The engines.
 const (
-	EngineVLLM Engine = iota
-	EngineSGLang
-	EngineTRTLLM
+	EngineVLLM   = podmetrics.EngineVLLM
+	EngineSGLang = podmetrics.EngineSGLang
+	EngineTRTLLM = podmetrics.EngineTRTLLM
 )
 
-// String returns the engine's name as ParseEngine reads it.
-func (e Engine) String() string {
-	switch e {
-	case EngineVLLM:
-		return "vllm"
-	case EngineSGLang:
-		return "sglang"
-	case EngineTRTLLM:
-		return "trtllm"
-	}
-	return fmt.Sprintf("Engine(%d)", uint8(e))
-}
-
 // ParseEngine reads an engine name: vllm, sglang or trtllm.
-func ParseEngine(s string) (Engine, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "vllm":
-		return EngineVLLM, nil
-	case "sglang":
-		return EngineSGLang, nil
-	case "trtllm", "trt-llm", "tensorrt-llm":
-		return EngineTRTLLM, nil
-	}
-	return 0, fmt.Errorf("unknown engine %q (want vllm, sglang or trtllm)", s)
-}
+func ParseEngine(s string) (Engine, error) { return podmetrics.ParseEngine(s) }
 
 // ForwardPriority returns the value of the engine's per-request priority
 // field for a Laneway soft priority p (higher = more important), and false
