@@ -46,6 +46,12 @@ type Options struct {
 	// Prefix turns on the prefix-cache index; nil leaves Ticket.Cached as
 	// the parser set it.
 	Prefix *PrefixOptions
+	// MaxEngineQueue is SPEC §5's overload filter: an endpoint whose engine
+	// reported more waiting requests than this is skipped, like a tainted
+	// one, until a scrape shows its queue back within the bound. When it
+	// leaves a request no endpoint, the answer is a 503 naming the filter.
+	// 0 turns the filter off.
+	MaxEngineQueue int
 }
 
 // PrefixOptions configure the prefix-cache index.
@@ -121,6 +127,9 @@ type endpoint struct {
 	// are not ours, and the prompt tokens the busy test counts for them.
 	unseenWaiting int
 	unseenPrefill uint64
+	// waiting is the engine's whole waiting queue at the last fresh scrape
+	// (ours included), for the overload filter.
+	waiting int
 	// decoding is our requests past their first byte and not finished;
 	// running the engine's running requests at the last scrape.
 	decoding int
@@ -518,10 +527,17 @@ func (d *Dispatcher) candidates(w *waiter) []drr.EndpointID {
 }
 
 func (d *Dispatcher) eligible(e *endpoint, w *waiter) bool {
-	if e == nil || e.removed {
+	if e == nil || e.removed || d.overloaded(e) {
 		return false
 	}
 	return !e.tainted || w.pinned != drr.NoEndpoint
+}
+
+// overloaded is the overload filter: the engine's own queue is past
+// MaxEngineQueue. Stale metrics do not trip it (staleness makes an
+// endpoint busy instead), so an endpoint is never skipped on old numbers.
+func (d *Dispatcher) overloaded(e *endpoint) bool {
+	return d.opts.MaxEngineQueue > 0 && !e.stale && e.waiting > d.opts.MaxEngineQueue
 }
 
 // busy is the class's busy test (SPEC §5) on the endpoint's prefill load,
@@ -553,7 +569,16 @@ func (d *Dispatcher) judge(class int, w *waiter) drr.Verdict {
 }
 
 func (d *Dispatcher) noEndpoint(w *waiter) error {
+	overloaded := false
+	for _, id := range d.candidates(w) {
+		if e := d.endpointByID(id); e != nil && !e.removed && d.overloaded(e) {
+			overloaded = true
+			break
+		}
+	}
 	switch {
+	case overloaded:
+		return &NoEndpointError{Filter: fmt.Sprintf("overload filter: the engine queue of every candidate endpoint is past --max-engine-queue=%d", d.opts.MaxEngineQueue)}
 	case len(d.live) == 0:
 		return &NoEndpointError{Filter: "the pool has no ready endpoint"}
 	case w.allow != nil:
@@ -578,7 +603,7 @@ func (p prober) Shared(class int, it *drr.Item) drr.Verdict {
 
 func (p prober) Lane(class int, ep drr.EndpointID) drr.Verdict {
 	e := p.d.endpointByID(ep)
-	if e == nil || e.removed {
+	if e == nil || e.removed || p.d.overloaded(e) {
 		return drr.Unroutable
 	}
 	if p.d.busy(e, class) {

@@ -74,6 +74,11 @@ func (d *Dispatcher) setMetrics(u *metricsUpdate) bool {
 		unseen := 0
 		if m.Has(podmetrics.Waiting) {
 			unseen = max(0, m.Waiting-ours)
+			wasOver := d.overloaded(e)
+			e.waiting = m.Waiting
+			if d.overloaded(e) != wasOver {
+				changed = true
+			}
 		}
 		prefill := drr.SaturatingMul(uint64(unseen), d.meanPrompt)
 		if prefill != e.unseenPrefill {

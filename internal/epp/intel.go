@@ -53,6 +53,9 @@ type IntelOptions struct {
 	// ForwardPriority rewrites the body's top-level priority to the soft
 	// priority hint in the engine's polarity (SPEC §6).
 	ForwardPriority bool
+	// MaxEngineQueue is the overload filter's bound on an engine's
+	// waiting requests (0: off).
+	MaxEngineQueue int
 }
 
 // defaultIntelOptions returns the defaults.
@@ -77,6 +80,7 @@ func (o *IntelOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.PrefixBlockSize, "prefix-block-size", o.PrefixBlockSize, "Tokens per prefix-cache block for the prefix index, until an engine reports a larger KV block size.")
 	fs.Uint64Var(&o.PrefixCacheTokens, "prefix-cache-tokens", o.PrefixCacheTokens, "Prompt tokens the prefix index remembers per endpoint until its engine reports its cache size (num_gpu_blocks × block_size).")
 	fs.DurationVar(&o.PrefixCacheTTL, "prefix-cache-ttl", o.PrefixCacheTTL, "How long the prefix index remembers a prompt after its last use (0: forever, bounded by cache size).")
+	fs.IntVar(&o.MaxEngineQueue, "max-engine-queue", o.MaxEngineQueue, "Overload filter (SPEC §5): skip an endpoint whose engine reports more waiting requests than this; when that leaves a request no endpoint it gets 503 naming the filter. 0 turns it off.")
 	fs.BoolVar(&o.ForwardPriority, "forward-priority", o.ForwardPriority, "Set the body's top-level priority to the request's priority hint in the engine's polarity (vLLM: negated; SGLang: as is; TRT-LLM: not sent). vLLM refuses a non-zero priority unless started with --scheduling-policy priority.")
 }
 
@@ -93,6 +97,9 @@ func (o *IntelOptions) scrapeOptions(log logr.Logger) podmetrics.ScrapeOptions {
 // validate checks the options.
 func (o *IntelOptions) validate() []error {
 	var errs []error
+	if o.MaxEngineQueue < 0 {
+		errs = append(errs, fmt.Errorf("--max-engine-queue: %d is negative", o.MaxEngineQueue))
+	}
 	if o.ScrapeInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--scrape-interval: %s must be positive", o.ScrapeInterval))
 	}
@@ -141,6 +148,7 @@ func newIntel(opts *Options, log logr.Logger) *intel {
 func (in *intel) configure(o *dispatcher.Options) {
 	o.DefaultEngine = in.engine
 	o.ExpectMetrics = in.opts.ScrapeMetrics
+	o.MaxEngineQueue = in.opts.MaxEngineQueue
 	o.Prefix = &dispatcher.PrefixOptions{
 		BlockSize: in.opts.PrefixBlockSize,
 		Index:     picker.IndexOptions{TTL: in.opts.PrefixCacheTTL, DefaultCapacity: in.opts.PrefixCacheTokens},
