@@ -218,8 +218,11 @@ func TestQuantumChangeUnderLoad(t *testing.T) {
 	if err := admin.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "alpha"}, &pc); err != nil {
 		t.Fatal(err)
 	}
+	// A merge patch, not an Update: the picker writes status.pending all
+	// the while, so a read-modify-write would race its resourceVersion.
+	base := pc.DeepCopy()
 	pc.Spec.Quantum = 3
-	if err := admin.Update(ctx(t), &pc); err != nil {
+	if err := admin.Patch(ctx(t), &pc, client.MergeFrom(base)); err != nil {
 		t.Fatal(err)
 	}
 	gen := pc.Generation
