@@ -601,15 +601,7 @@ func TestChartHelmInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The InferencePool CRD as a cluster's gateway would have brought it.
-	raw, err := os.ReadFile(filepath.Join(shared.root, "config", "crd", "external", "inference.networking.k8s.io_inferencepools.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	crd, err := decodeObjects(string(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.apply(ctx, crd); err != nil {
+	if err := a.applyInferencePoolCRD(ctx); err != nil {
 		t.Fatal(err)
 	}
 	kubeconfig := adminKubeconfig(t, cfg)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -250,3 +251,17 @@ func (a *applier) ensureNamespace(ctx context.Context, ns string) error {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// applyInferencePoolCRD installs the vendored upstream InferencePool CRD,
+// as a cluster's gateway would have brought it.
+func (a *applier) applyInferencePoolCRD(ctx context.Context) error {
+	raw, err := os.ReadFile(filepath.Join(shared.root, "config", "crd", "external", "inference.networking.k8s.io_inferencepools.yaml"))
+	if err != nil {
+		return err
+	}
+	crd, err := decodeObjects(string(raw))
+	if err != nil {
+		return err
+	}
+	return a.apply(ctx, crd)
+}

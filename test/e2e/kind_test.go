@@ -193,15 +193,7 @@ func setUpKind(docker, kind string) (*kindCluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	raw, err := os.ReadFile(filepath.Join(shared.root, "config", "crd", "external", "inference.networking.k8s.io_inferencepools.yaml"))
-	if err != nil {
-		return nil, err
-	}
-	crd, err := decodeObjects(string(raw))
-	if err != nil {
-		return nil, err
-	}
-	if err := a.apply(ctx, crd); err != nil {
+	if err := a.applyInferencePoolCRD(ctx); err != nil {
 		return nil, err
 	}
 	return &kindCluster{name: name, kubeconfig: path, cfg: cfg, kube: kube, cs: cs, apply: a}, nil
@@ -476,15 +468,7 @@ func TestKindManifestsAccepted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(filepath.Join(shared.root, "config", "crd", "external", "inference.networking.k8s.io_inferencepools.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	crd, err := decodeObjects(string(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.apply(ctx, crd); err != nil {
+	if err := a.applyInferencePoolCRD(ctx); err != nil {
 		t.Fatal(err)
 	}
 	scheme, err := testenv.Scheme()
