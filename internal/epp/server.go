@@ -47,6 +47,8 @@ type Server struct {
 	metrics *metrics.Metrics
 	reg     *prometheus.Registry
 	intel   *intel
+	// ext is the ext_proc stream handler registered on grpcSrv.
+	ext *extproc.Server
 
 	grpcLn, healthLn, metricsLn net.Listener
 	grpcSrv, healthSrv          *grpc.Server
@@ -113,12 +115,13 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	s.grpcSrv = grpc.NewServer(creds...)
 	notReady := ReasonNotReady
 	s.notServing.Store(&notReady) // health is set up below
-	extproc.NewServer(&Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel}, extproc.Options{
+	s.ext = extproc.NewServer(&Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel}, extproc.Options{
 		MaxBodyBytes:   opts.MaxBodyBytes,
 		Logger:         log.WithName("extproc"),
 		Observer:       s.metrics,
 		HeaderPickOnly: opts.HeaderPickOnly,
-	}).Register(s.grpcSrv)
+	})
+	s.ext.Register(s.grpcSrv)
 
 	s.health = health.NewServer()
 	s.healthSrv = grpc.NewServer()
