@@ -3,16 +3,23 @@
 // request's last body message to receiving the request-headers answer),
 // decisions per second, errors, and the picker's CPU per 1,000 decisions.
 //
-// Two drivers share one request path (internal/extprocclient plays the
-// gateway):
+// Three drivers:
 //
-//   - RunOpen is the open loop SPEC §13 asks for: requests arrive on a fixed
+//   - H2Runner.RunOpen is the open loop through h2client, an event-driven
+//     HTTP/2 gateway with a few goroutines per connection, as Envoy's
+//     workers are. It is cmd/loadgen's default for latency runs: on a
+//     machine the load tool shares with the picker, a goroutine and a grpc-go
+//     stream per request made the tool the biggest CPU user and its own GC
+//     pauses part of the tail it measured.
+//   - Runner.RunOpen is the same open loop through internal/extprocclient,
+//     the full-featured gRPC client the integration suites use (--client
+//     grpc): requests arrive on a fixed
 //     schedule of Rate per second for Duration, whatever the picker does;
 //     each routed request is held open for Hold before its response phases
 //     are played back, so about Rate×Hold streams are open at once. An
 //     arrival that would exceed ConcurrencyCap open streams is skipped and
 //     counted, never delayed, so the schedule stays open-loop.
-//   - RunClosed keeps N streams busy: each worker starts the next request as
+//   - Runner.RunClosed keeps N streams busy: each worker starts the next request as
 //     soon as its previous one ends. It measures throughput; its latency is
 //     N / throughput by Little's law and is labelled as closed-loop.
 //
