@@ -71,8 +71,14 @@ type LWEPPOptions struct {
 	// defaults apply otherwise, including --zap-devel debug logging.
 	Args []string
 	// Log receives lwepp's output; nil discards it (the head is kept for
-	// error messages either way).
+	// error messages either way). Ignored when LogFile is set.
 	Log io.Writer
+	// LogFile, when set, is a file lwepp's output is appended to directly
+	// (through /bin/sh's redirection before it execs lwepp, so the pid is
+	// lwepp's). Its default logging writes several lines per request; with
+	// Log they would pass through a pipe this process copies, spending the
+	// load tool's CPU on the picker's logs during a measurement.
+	LogFile string
 }
 
 // LWEPP is a running lwepp with the API server it reads. It is used like
@@ -229,7 +235,13 @@ func SpawnLWEPP(ctx context.Context, o LWEPPOptions) (l *LWEPP, err error) {
 		"--metrics-port=" + strconv.Itoa(ports[2]),
 		"--secure-serving=" + strconv.FormatBool(o.TLS),
 	}, o.Args...)
-	if p.proc, err = testproc.Start(testproc.Options{Name: "lwepp", Bin: binPath, Args: args, LogLimit: spawnLogLimit, Output: o.Log}); err != nil {
+	po := testproc.Options{Name: "lwepp", Bin: binPath, Args: args, LogLimit: spawnLogLimit, Output: o.Log}
+	if o.LogFile != "" {
+		po.Name = "lwepp (log in " + o.LogFile + ")"
+		po.Bin, po.Output = "/bin/sh", nil
+		po.Args = append([]string{"-c", `exec "$@" >>"$0" 2>&1`, o.LogFile, binPath}, args...)
+	}
+	if p.proc, err = testproc.Start(po); err != nil {
 		return l, err
 	}
 	p.Cmd = p.proc.Cmd

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -45,24 +47,37 @@ func (l *syncLog) tail() string {
 
 // TestSpawnLWEPP starts the upstream reference picker against its own API
 // server and checks that a real ext_proc request is routed to the one
-// endpoint, in header and metadata, over plaintext and TLS, and that Stop
-// leaves neither the process nor its temp dir behind.
+// endpoint, in header and metadata, over plaintext and TLS, with its log
+// piped or written straight to a file by lwepp itself, and that Stop leaves
+// neither the process nor its temp dir behind.
 func TestSpawnLWEPP(t *testing.T) {
 	if _, err := testenv.AssetsDir(); errors.Is(err, testenv.ErrNoAssets) {
 		t.Skip(err.Error())
 	}
 	t.Cleanup(RemoveLWEPPBinary)
 	for _, tc := range []struct {
-		name string
-		tls  bool
+		name    string
+		tls     bool
+		logFile bool
 	}{
-		{"plaintext", false},
-		{"tls", true},
+		{"plaintext, piped log", false, false},
+		{"tls, log file", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			endpoint := idleEndpoint(t)
 			log := &syncLog{}
-			l, err := SpawnLWEPP(context.Background(), LWEPPOptions{TLS: tc.tls, Endpoint: endpoint, Log: log})
+			o := LWEPPOptions{TLS: tc.tls, Endpoint: endpoint, Log: log}
+			if tc.logFile {
+				o.LogFile = filepath.Join(t.TempDir(), "lwepp.log")
+				o.Log = nil
+				defer func() {
+					if t.Failed() {
+						b, _ := os.ReadFile(o.LogFile)
+						_, _ = log.Write(b)
+					}
+				}()
+			}
+			l, err := SpawnLWEPP(context.Background(), o)
 			if err != nil {
 				t.Fatalf("SpawnLWEPP: %v\nlwepp log:\n%s", err, log.tail())
 			}
@@ -110,6 +125,11 @@ func TestSpawnLWEPP(t *testing.T) {
 			if cpu, err := l.CPU()(); err != nil || cpu < 0 {
 				t.Errorf("lwepp CPU = %v, %v; want a sample", cpu, err)
 			}
+			// The pid measured must be lwepp's, also when a shell set up
+			// its log file and exec'd it.
+			if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", l.Cmd.Process.Pid)); err != nil || strings.TrimSpace(string(comm)) != "lwepp" {
+				t.Errorf("process %d is %q (%v), want lwepp", l.Cmd.Process.Pid, comm, err)
+			}
 
 			kubeconfig := l.Kubeconfig
 			if err := stop(); err != nil {
@@ -120,6 +140,11 @@ func TestSpawnLWEPP(t *testing.T) {
 			}
 			if _, err := os.Stat(kubeconfig); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("kubeconfig %s after Stop: %v, want it removed", kubeconfig, err)
+			}
+			if tc.logFile {
+				if fi, err := os.Stat(o.LogFile); err != nil || fi.Size() == 0 {
+					t.Errorf("lwepp log file %s: %v, want lwepp's output in it", o.LogFile, err)
+				}
 			}
 		})
 	}
