@@ -1,8 +1,10 @@
 // Command loadgen drives ext_proc load against an endpoint picker and
 // reports decision latency, decisions per second, errors and the picker's
-// CPU per 1,000 decisions, the way SPEC §13 measures them. It plays the
-// gateway with internal/extprocclient; see package test/load for the two
-// modes:
+// CPU per 1,000 decisions, the way SPEC §13 measures them. The open loop
+// plays the gateway with test/load/h2client, an event-driven HTTP/2 client
+// as cheap per stream as Envoy is (--client grpc uses the goroutine-per-
+// stream internal/extprocclient instead); the closed loop always uses
+// internal/extprocclient. See package test/load for the modes:
 //
 //	loadgen --spawn --rate 1000 --hold 1s --duration 10s          # open loop (SPEC §13)
 //	loadgen --spawn --mode closed --concurrency 1,100,1000        # closed loop, N streams
@@ -23,6 +25,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -56,6 +59,8 @@ type flags struct {
 	warmup      time.Duration
 	jsonOut     bool
 	trace       string
+	client      string
+	cpuProfile  string
 }
 
 func main() {
@@ -79,9 +84,24 @@ func main() {
 	fs.DurationVar(&f.warmup, "warmup", time.Second, "closed-loop warm-up (8 streams) before measuring; 0 skips")
 	fs.BoolVar(&f.jsonOut, "json", false, "print each result as one JSON line")
 	fs.StringVar(&f.trace, "trace", "", "write every request's start time and decision latency to this file")
+	lw.register(fs)
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write the load tool's own CPU profile to this file (to keep the tool out of the tail it measures)")
+	fs.StringVar(&f.client, "client", "h2", "open loop: h2 (event-driven HTTP/2 gateway, few goroutines, as Envoy is) or grpc (a grpc-go stream and goroutine per request)")
 	_ = fs.Parse(os.Args[1:])
 	if !fs.Changed("hold") && f.mode == "closed" {
 		f.hold = 0
+	}
+	if f.cpuProfile != "" {
+		pf, err := os.Create(f.cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(pf)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen: --cpuprofile:", err)
+			os.Exit(2)
+		}
+		defer pf.Close()
+		defer pprof.StopCPUProfile()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -98,6 +118,9 @@ func run(ctx context.Context, f *flags) error {
 	}
 	if f.mode != "open" && f.mode != "closed" {
 		return fmt.Errorf("--mode %q: want open or closed", f.mode)
+	}
+	if f.client != "h2" && f.client != "grpc" {
+		return fmt.Errorf("--client %q: want h2 or grpc", f.client)
 	}
 	if f.conns < 1 || f.conns > 64 {
 		return fmt.Errorf("--conns %d: want 1..64", f.conns)
@@ -175,10 +198,29 @@ func run(ctx context.Context, f *flags) error {
 			fmt.Println(string(b))
 			return nil
 		}
-		fmt.Printf("[tls=%v conns=%d prompt_tokens=%d]\n%s\n", f.tls, f.conns, f.tokens, res.String())
+		client := f.client
+		if f.mode == "closed" {
+			client = "grpc"
+		}
+		fmt.Printf("[client=%s tls=%v conns=%d prompt_tokens=%d]\n%s\n", client, f.tls, f.conns, f.tokens, res.String())
 		return nil
 	}
 	cfg := load.Config{Rate: f.rate, Hold: f.hold, Duration: f.duration, ConcurrencyCap: f.capN, PromptTokens: f.tokens}
+	if lw.compare {
+		// Side by side with the upstream reference picker (lwepp.go).
+		return compareLWEPP(ctx, f, r, addr, cfg, levels)
+	}
+	if f.mode == "open" && f.client == "h2" {
+		h2 := &load.H2Runner{Addr: addr, Conns: f.conns, PickerCPU: r.PickerCPU, Trace: r.Trace}
+		if f.tls {
+			h2.TLS = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // pickers serve self-signed certificates
+		}
+		res, err := h2.RunOpen(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		return report(res)
+	}
 	if f.mode == "open" {
 		res, err := r.RunOpen(ctx, cfg)
 		if err != nil {
@@ -248,6 +290,7 @@ func spawn(ctx context.Context, f *flags) (*load.Proc, func(), error) {
 		os.RemoveAll(dir)
 		return nil, nil, err
 	}
+	spawnedEndpoint = dummy.Addr()
 	p, err := load.Spawn(ctx, load.SpawnOptions{
 		Bin: bin, TLS: f.tls, Endpoints: []string{dummy.Addr()}, Args: f.eppArgs, Log: logf,
 	})
