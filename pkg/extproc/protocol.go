@@ -45,26 +45,35 @@ const (
 	DefaultMaxBodyBytes = 16 << 20
 )
 
-// headerValue returns a header's value; Envoy sends raw_value, older clients
-// value.
-func headerValue(h *corev3.HeaderValue) string {
-	if len(h.GetRawValue()) > 0 {
-		return string(h.GetRawValue())
-	}
-	return h.GetValue()
-}
-
-// headerMap flattens a HeaderMap: lower-cased names, first value wins.
+// headerMap flattens a HeaderMap: lower-cased names, first value wins, and
+// a value is raw_value (what Envoy sends) or, when that is empty, value
+// (older clients). The
+// raw values are copied into one string that the map's values slice, so a
+// request's headers cost one allocation besides the map's own.
 func headerMap(hm *corev3.HeaderMap) map[string]string {
 	hs := hm.GetHeaders()
 	m := make(map[string]string, len(hs))
+	n := 0
+	for _, h := range hs {
+		n += len(h.GetRawValue())
+	}
+	var sb strings.Builder
+	sb.Grow(n)
+	for _, h := range hs {
+		sb.Write(h.GetRawValue())
+	}
+	raw := sb.String()
 	for _, h := range hs {
 		k := h.GetKey()
 		if !isLower(k) {
 			k = strings.ToLower(k)
 		}
+		v := h.GetValue()
+		if rv := h.GetRawValue(); len(rv) > 0 {
+			v, raw = raw[:len(rv)], raw[len(rv):]
+		}
 		if _, seen := m[k]; !seen {
-			m[k] = headerValue(h)
+			m[k] = v
 		}
 	}
 	return m

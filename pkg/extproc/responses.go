@@ -33,59 +33,130 @@ func setHeader(key, value string) *corev3.HeaderValueOption {
 // spares HTTP/1.1 model servers a chunked request body. In BUFFERED mode
 // Envoy requires the processor to set it and rejects a mismatch.
 func pickResponse(header, list string, newLen int, replace []byte, onBody bool) *extprocv3.ProcessingResponse {
-	set := make([]*corev3.HeaderValueOption, 1, 2)
-	set[0] = setHeader(HeaderDestinationEndpoint, header)
+	// One allocation holds every message but the two metadata maps.
+	m := &pickMsg{}
+	m.vals[0] = corev3.HeaderValue{Key: HeaderDestinationEndpoint, RawValue: []byte(header)}
+	m.opts[0] = corev3.HeaderValueOption{Header: &m.vals[0], AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
+	m.set[0] = &m.opts[0]
+	n := 1
 	if newLen >= 0 {
-		set = append(set, setHeader("content-length", strconv.Itoa(newLen)))
+		m.vals[1] = corev3.HeaderValue{Key: "content-length", RawValue: strconv.AppendInt(nil, int64(newLen), 10)}
+		m.opts[1] = corev3.HeaderValueOption{Header: &m.vals[1], AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
+		m.set[1] = &m.opts[1]
+		n = 2
 	}
-	common := &extprocv3.CommonResponse{
-		ClearRouteCache: true,
-		HeaderMutation:  &extprocv3.HeaderMutation{SetHeaders: set},
-	}
+	m.mut.SetHeaders = m.set[:n:n]
+	m.common.ClearRouteCache = true
+	m.common.HeaderMutation = &m.mut
 	if onBody && replace != nil {
-		common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: replace}}
+		m.bmBody.Body = replace
+		m.bm.Mutation = &m.bmBody
+		m.common.BodyMutation = &m.bm
 	}
-	resp := &extprocv3.ProcessingResponse{
-		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-			MetadataNamespaceLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-				MetadataKeyDestination: structpb.NewStringValue(list),
-			}}),
-		}},
-	}
+	m.dstKind.StringValue = list
+	m.dst.Kind = &m.dstKind
+	m.lb.Fields = map[string]*structpb.Value{MetadataKeyDestination: &m.dst}
+	m.lbKind.StructValue = &m.lb
+	m.lbVal.Kind = &m.lbKind
+	m.md.Fields = map[string]*structpb.Value{MetadataNamespaceLB: &m.lbVal}
+	m.resp.DynamicMetadata = &m.md
 	if onBody {
-		resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}}
+		m.body.Response = &m.common
+		m.onBody.RequestBody = &m.body
+		m.resp.Response = &m.onBody
 	} else {
-		resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}
+		m.hdrs.Response = &m.common
+		m.onHdr.RequestHeaders = &m.hdrs
+		m.resp.Response = &m.onHdr
 	}
-	return resp
+	return &m.resp
+}
+
+// pickMsg holds the messages of one pick answer.
+type pickMsg struct {
+	resp    extprocv3.ProcessingResponse
+	onHdr   extprocv3.ProcessingResponse_RequestHeaders
+	onBody  extprocv3.ProcessingResponse_RequestBody
+	hdrs    extprocv3.HeadersResponse
+	body    extprocv3.BodyResponse
+	common  extprocv3.CommonResponse
+	mut     extprocv3.HeaderMutation
+	set     [2]*corev3.HeaderValueOption
+	opts    [2]corev3.HeaderValueOption
+	vals    [2]corev3.HeaderValue
+	bm      extprocv3.BodyMutation
+	bmBody  extprocv3.BodyMutation_Body
+	md      structpb.Struct
+	lbVal   structpb.Value
+	lbKind  structpb.Value_StructValue
+	lb      structpb.Struct
+	dst     structpb.Value
+	dstKind structpb.Value_StringValue
+}
+
+// streamedBodyMsg holds every message of one streamed body answer, so the
+// answer costs one allocation instead of seven; the chunk is the only part
+// that differs between answers.
+type streamedBodyMsg struct {
+	resp   extprocv3.ProcessingResponse
+	reqB   extprocv3.ProcessingResponse_RequestBody
+	respB  extprocv3.ProcessingResponse_ResponseBody
+	body   extprocv3.BodyResponse
+	common extprocv3.CommonResponse
+	mut    extprocv3.BodyMutation
+	sr     extprocv3.BodyMutation_StreamedResponse
+	sbr    extprocv3.StreamedBodyResponse
 }
 
 // streamedBody builds one FULL_DUPLEX_STREAMED body chunk answer.
 func streamedBody(chunk []byte, eos, request bool) *extprocv3.ProcessingResponse {
-	common := &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
-		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
-			Body: chunk, EndOfStream: eos,
-		}},
-	}}
+	m := &streamedBodyMsg{}
+	m.sbr.Body, m.sbr.EndOfStream = chunk, eos
+	m.sr.StreamedResponse = &m.sbr
+	m.mut.Mutation = &m.sr
+	m.common.BodyMutation = &m.mut
+	m.body.Response = &m.common
 	if request {
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
-			RequestBody: &extprocv3.BodyResponse{Response: common},
-		}}
+		m.reqB.RequestBody = &m.body
+		m.resp.Response = &m.reqB
+	} else {
+		m.respB.ResponseBody = &m.body
+		m.resp.Response = &m.respB
 	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
-		ResponseBody: &extprocv3.BodyResponse{Response: common},
-	}}
+	return &m.resp
 }
+
+// Answers that never vary. gRPC only reads a message it sends (protobuf
+// keeps its size cache with atomic operations, so concurrent marshalling
+// of one message is safe), which lets every stream share them instead of
+// allocating its own.
+var (
+	emptyRequestHeaders = &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}},
+	}
+	emptyRequestTrailers = &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}},
+	}
+	emptyResponseHeaders = &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}},
+	}
+	emptyResponseBody = &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}},
+	}
+	emptyResponseTrailers = &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}},
+	}
+)
 
 // responseHeadersResponse answers response headers, echoing the served
 // endpoint for the conformance suite when served is not empty.
 func responseHeadersResponse(served string) *extprocv3.ProcessingResponse {
-	hr := &extprocv3.HeadersResponse{}
-	if served != "" {
-		hr.Response = &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
-			SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderConformanceServed, served)},
-		}}
+	if served == "" {
+		return emptyResponseHeaders
 	}
+	hr := &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
+		SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderConformanceServed, served)},
+	}}}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: hr}}
 }
 

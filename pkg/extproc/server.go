@@ -3,6 +3,7 @@ package extproc
 import (
 	"errors"
 	"io"
+	"sync"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/go-logr/logr"
@@ -66,6 +67,35 @@ type Server struct {
 	log            logr.Logger
 	obs            Observer
 	headerPickOnly bool
+
+	// picks holds the pick answer for each single endpoint, the answer of
+	// nearly every stream (no fallbacks, the body unchanged), built once
+	// and shared by every stream routed there.
+	picksMu sync.RWMutex
+	picks   map[string]*extprocv3.ProcessingResponse
+}
+
+// maxCachedPicks bounds Server.picks: past it the cache starts over, so a
+// pool whose endpoints come and go for months does not grow it forever.
+const maxCachedPicks = 4096
+
+// pickAnswer returns the shared pick answer for a request routed to the
+// single endpoint pick (header and metadata both name just it).
+func (s *Server) pickAnswer(pick string) *extprocv3.ProcessingResponse {
+	s.picksMu.RLock()
+	r := s.picks[pick]
+	s.picksMu.RUnlock()
+	if r != nil {
+		return r
+	}
+	r = pickResponse(pick, pick, -1, nil, false)
+	s.picksMu.Lock()
+	if len(s.picks) >= maxCachedPicks {
+		clear(s.picks)
+	}
+	s.picks[pick] = r
+	s.picksMu.Unlock()
+	return r
 }
 
 // NewServer returns a Server that asks d where each request goes.
@@ -73,7 +103,8 @@ func NewServer(d Decider, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	return &Server{decider: d, maxBody: opts.MaxBodyBytes, log: opts.Logger, obs: opts.Observer, headerPickOnly: opts.HeaderPickOnly}
+	return &Server{decider: d, maxBody: opts.MaxBodyBytes, log: opts.Logger, obs: opts.Observer, headerPickOnly: opts.HeaderPickOnly,
+		picks: map[string]*extprocv3.ProcessingResponse{}}
 }
 
 // Register adds the ExternalProcessor service to a gRPC server.

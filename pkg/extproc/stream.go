@@ -30,6 +30,7 @@ type stream struct {
 	answered  bool // the request's one answer (pick or immediate response) was sent
 
 	req         Request
+	bodyHint    int    // content-length, when usable as the body's capacity
 	conformance bool   // the request carried the conformance selection header
 	pick        string // the first endpoint: the one the gateway is told to use
 	list        string // the joined endpoint list (pick and fallbacks)
@@ -125,8 +126,10 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 	}
 	switch st.reqMode {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		// The buffer is made when a body turns out to come in several
+		// messages: the usual single-message body is kept as received.
 		if n, err := strconv.Atoi(st.req.Headers["content-length"]); err == nil && n > 0 && n <= st.s.maxBody {
-			st.req.Body = make([]byte, 0, n)
+			st.bodyHint = n
 		}
 		return false, nil
 	case filterv3.ProcessingMode_BUFFERED:
@@ -134,9 +137,7 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		// so the headers get an empty answer now and the pick rides on the
 		// body response (header mutations on a body response take effect in
 		// BUFFERED mode).
-		return false, st.send(&extprocv3.ProcessingResponse{
-			Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}},
-		})
+		return false, st.send(emptyRequestHeaders)
 	}
 	return true, st.protocolError(codes.FailedPrecondition,
 		"request_body_mode %s is not supported; configure FULL_DUPLEX_STREAMED or BUFFERED", st.reqMode)
@@ -151,9 +152,12 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 	}
 	switch st.reqMode {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
-		if len(st.req.Body) == 0 && b.GetEndOfStream() {
+		switch {
+		case len(st.req.Body) == 0 && b.GetEndOfStream():
 			st.req.Body = b.GetBody() // the common single-chunk body: no copy
-		} else {
+		case st.req.Body == nil && st.bodyHint > 0:
+			st.req.Body = append(make([]byte, 0, max(st.bodyHint, len(b.GetBody()))), b.GetBody()...)
+		default:
 			st.req.Body = append(st.req.Body, b.GetBody()...)
 		}
 		if !b.GetEndOfStream() {
@@ -174,9 +178,7 @@ func (st *stream) onRequestTrailers() (bool, error) {
 		// Trailers end a streamed body that had no end_of_stream chunk.
 		return st.decideAndAnswer(answerHeadersAndBody, true)
 	}
-	return false, st.send(&extprocv3.ProcessingResponse{
-		Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}},
-	})
+	return false, st.send(emptyRequestTrailers)
 }
 
 // answerKind says which message carries the pick.
@@ -223,7 +225,13 @@ func (st *stream) decideAndAnswer(kind answerKind, trailers bool) (end bool, err
 
 	switch kind {
 	case answerHeaders, answerHeadersAndBody:
-		if err := st.send(pickResponse(header, st.list, newLen, nil, false)); err != nil {
+		var resp *extprocv3.ProcessingResponse
+		if newLen < 0 && len(d.Endpoints) == 1 {
+			resp = st.s.pickAnswer(st.pick)
+		} else {
+			resp = pickResponse(header, st.list, newLen, nil, false)
+		}
+		if err := st.send(resp); err != nil {
 			return true, err
 		}
 		st.answered = true
@@ -267,9 +275,7 @@ func (st *stream) sendStreamedRequestBody(body []byte, trailers bool) error {
 		}
 	}
 	if trailers {
-		return st.send(&extprocv3.ProcessingResponse{
-			Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}},
-		})
+		return st.send(emptyRequestTrailers)
 	}
 	return nil
 }
@@ -324,9 +330,7 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 	} else {
 		// STREAMED, BUFFERED and BUFFERED_PARTIAL: an empty answer passes the
 		// chunk on unchanged.
-		if err := st.send(&extprocv3.ProcessingResponse{
-			Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}},
-		}); err != nil {
+		if err := st.send(emptyResponseBody); err != nil {
 			return err
 		}
 	}
@@ -337,9 +341,7 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 }
 
 func (st *stream) onResponseTrailers() error {
-	if err := st.send(&extprocv3.ProcessingResponse{
-		Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}},
-	}); err != nil {
+	if err := st.send(emptyResponseTrailers); err != nil {
 		return err
 	}
 	st.responseEnd()
