@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -204,7 +205,8 @@ func reportSide(f *flags, p *picker, res *load.Result) error {
 	if f.mode == "closed" {
 		client = "grpc"
 	}
-	fmt.Printf("[picker=%s client=%s tls=%v conns=%d prompt_tokens=%d]\n%s\n", p.label, client, f.tls, f.conns, f.tokens, res.String())
+	fmt.Printf("[picker=%s client=%s tls=%v conns=%d prompt_tokens=%d load_gomaxprocs=%d epp_gomaxprocs=%s]\n%s\n",
+		p.label, client, f.tls, f.conns, f.tokens, runtime.GOMAXPROCS(0), eppProcsLabel(f), res.String())
 	return nil
 }
 

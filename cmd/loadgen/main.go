@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -61,6 +62,8 @@ type flags struct {
 	trace       string
 	client      string
 	cpuProfile  string
+	procs       int
+	eppProcs    int
 }
 
 func main() {
@@ -85,11 +88,22 @@ func main() {
 	fs.BoolVar(&f.jsonOut, "json", false, "print each result as one JSON line")
 	fs.StringVar(&f.trace, "trace", "", "write every request's start time and decision latency to this file")
 	lw.register(fs)
+	fs.IntVar(&f.procs, "procs", 1, "GOMAXPROCS of the load tool itself; 1 keeps its Go scheduler from spinning on the cores the picker needs (0: Go's default)")
+	fs.IntVar(&f.eppProcs, "epp-gomaxprocs", 0, "with --spawn: GOMAXPROCS of the spawned picker(s), as a container CPU limit would set it (0: the picker's default, one per core)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write the load tool's own CPU profile to this file (to keep the tool out of the tail it measures)")
 	fs.StringVar(&f.client, "client", "h2", "open loop: h2 (event-driven HTTP/2 gateway, few goroutines, as Envoy is) or grpc (a grpc-go stream and goroutine per request)")
 	_ = fs.Parse(os.Args[1:])
 	if !fs.Changed("hold") && f.mode == "closed" {
 		f.hold = 0
+	}
+	if f.procs > 0 {
+		runtime.GOMAXPROCS(f.procs)
+	}
+	if f.eppProcs > 0 {
+		// Spawned pickers (Laneway's and lwepp) inherit the environment.
+		_ = os.Setenv("GOMAXPROCS", strconv.Itoa(f.eppProcs))
+	} else {
+		_ = os.Unsetenv("GOMAXPROCS")
 	}
 	if f.cpuProfile != "" {
 		pf, err := os.Create(f.cpuProfile)
@@ -202,7 +216,8 @@ func run(ctx context.Context, f *flags) error {
 		if f.mode == "closed" {
 			client = "grpc"
 		}
-		fmt.Printf("[client=%s tls=%v conns=%d prompt_tokens=%d]\n%s\n", client, f.tls, f.conns, f.tokens, res.String())
+		fmt.Printf("[client=%s tls=%v conns=%d prompt_tokens=%d load_gomaxprocs=%d epp_gomaxprocs=%s]\n%s\n",
+			client, f.tls, f.conns, f.tokens, runtime.GOMAXPROCS(0), eppProcsLabel(f), res.String())
 		return nil
 	}
 	cfg := load.Config{Rate: f.rate, Hold: f.hold, Duration: f.duration, ConcurrencyCap: f.capN, PromptTokens: f.tokens}
@@ -239,6 +254,18 @@ func run(ctx context.Context, f *flags) error {
 		}
 	}
 	return nil
+}
+
+// eppProcsLabel says what GOMAXPROCS the picker runs with, for the report.
+func eppProcsLabel(f *flags) string {
+	switch {
+	case f.eppProcs > 0:
+		return strconv.Itoa(f.eppProcs)
+	case f.spawn:
+		return "default(" + strconv.Itoa(runtime.NumCPU()) + ")"
+	default:
+		return "unknown"
+	}
 }
 
 func parseLevels(s string) ([]int, error) {
