@@ -404,10 +404,12 @@ func (c *Conn) holdLoop() {
 	}
 }
 
-// respond starts s's response phase. c.mu is held.
+// respond plays s's upstream response: headers and body together, as Envoy
+// does in FULL_DUPLEX_STREAMED mode, where body chunks go to the processor
+// without waiting for the headers' answer. c.mu is held.
 func (c *Conn) respond(s *stream) {
 	s.state = sRespHeaders
-	c.send(s, c.opts.Plan.respHeaders, false)
+	c.send(s, c.opts.Plan.response, false)
 }
 
 // readLoop reads frames and runs every stream's protocol state.
@@ -617,8 +619,7 @@ func (c *Conn) onMessage(s *stream, msg []byte) error {
 		if s.state != sRespHeaders {
 			return fmt.Errorf("response headers answered in state %s", stateNames[s.state])
 		}
-		s.state = sRespBody
-		c.send(s, c.opts.Plan.respBody, false)
+		s.state = sRespBody // the body went out with the headers
 	case fieldResponseBody:
 		if s.state != sRespBody {
 			return fmt.Errorf("response body answered in state %s", stateNames[s.state])

@@ -41,10 +41,9 @@ type Exchange struct {
 type Plan struct {
 	// request is the request phase: headers and every body message.
 	request []byte
-	// respHeaders is the response headers message.
-	respHeaders []byte
-	// respBody is the response body messages; respBodyMsgs counts them.
-	respBody     []byte
+	// response is the response headers message followed by the body
+	// messages; respBodyMsgs counts the latter.
+	response     []byte
 	respBodyMsgs int
 }
 
@@ -94,7 +93,7 @@ func NewPlan(ex Exchange) (*Plan, error) {
 		status = http.StatusOK
 	}
 	rh := appendHeaders([]*corev3.HeaderValue{{Key: ":status", RawValue: []byte(strconv.Itoa(status))}}, ex.ResponseHeaders)
-	p.respHeaders, err = appendMessage(nil, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+	p.response, err = appendMessage(nil, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: rh}},
 	}})
 	if err != nil {
@@ -104,7 +103,7 @@ func NewPlan(ex Exchange) (*Plan, error) {
 	// picker, which releases the request's accounting there.
 	for off := 0; ; off += chunk {
 		end := min(off+chunk, len(ex.ResponseBody))
-		p.respBody, err = appendMessage(p.respBody, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+		p.response, err = appendMessage(p.response, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
 			ResponseBody: &extprocv3.HttpBody{Body: ex.ResponseBody[off:end], EndOfStream: end == len(ex.ResponseBody)},
 		}})
 		if err != nil {
