@@ -6,7 +6,9 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"syscall"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -127,6 +129,22 @@ func loadExchange(body []byte) []*extprocv3.ProcessingRequest {
 	}
 }
 
+// processCPU is the CPU time this process has used, user and system.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatalf("getrusage: %v", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU adds cpu-ns/op: the process's CPU time per stream, every
+// goroutine and the collector included. On a shared machine it is steadier
+// than ns/op, which also counts waiting for a core.
+func reportCPU(b *testing.B, start time.Duration) {
+	b.ReportMetric(float64(processCPU(b)-start)/float64(b.N), "cpu-ns/op")
+}
+
 // BenchmarkStream256Idle is the picker's whole per-stream work for the
 // load test's request (SPEC §13: a 256-token prompt, an idle endpoint):
 // headers and body in, parse and prefix hashing, the dispatcher's
@@ -136,6 +154,7 @@ func loadExchange(body []byte) []*extprocv3.ProcessingRequest {
 // inproc runs the stream handler on a transport-less stream, so it
 // measures Laneway's own work (plus marshalling its answers); grpc plays
 // the same exchange over a real loopback connection, client included.
+// cpu-ns/op is the process's CPU time per stream.
 func BenchmarkStream256Idle(b *testing.B) {
 	s := startBenchServer(b)
 	body := benchPromptBody(b, 256)
@@ -144,6 +163,7 @@ func BenchmarkStream256Idle(b *testing.B) {
 		msgs := loadExchange(body)
 		ms := &memStream{in: msgs}
 		b.ReportAllocs()
+		cpu0 := processCPU(b)
 		for b.Loop() {
 			ctx, cancel := context.WithCancel(context.Background())
 			ms.ctx, ms.next, ms.sent = ctx, 0, 0
@@ -155,6 +175,7 @@ func BenchmarkStream256Idle(b *testing.B) {
 				b.Fatalf("%d answers, want 4 (pick, body echo, response headers, response body)", ms.sent)
 			}
 		}
+		reportCPU(b, cpu0)
 	})
 
 	b.Run("grpc", func(b *testing.B) {
@@ -168,6 +189,7 @@ func BenchmarkStream256Idle(b *testing.B) {
 		spec := extprocclient.RequestSpec{Path: "/v1/completions", Headers: http.Header{"content-type": {"application/json"}}, Body: body}
 		ctx := context.Background()
 		b.ReportAllocs()
+		cpu0 := processCPU(b)
 		for b.Loop() {
 			ex, err := c.Start(ctx, spec)
 			if err != nil {
@@ -183,5 +205,6 @@ func BenchmarkStream256Idle(b *testing.B) {
 				b.Fatalf("Close: %v", err)
 			}
 		}
+		reportCPU(b, cpu0)
 	})
 }
