@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -82,6 +83,19 @@ type Dispatcher struct {
 	opts  Options
 	obs   Observer
 
+	// Response-path events (Grant.FirstByte, Grant.Done) go to a mailbox
+	// instead of the command channel: the loop applies them before every
+	// command it handles, so admission and snapshots always see current
+	// accounting, and a release wakes the loop only when requests are
+	// queued, the one case where it can let a request go. An idle
+	// endpoint's stream thus hands off to the loop once (Acquire) instead
+	// of three times. See post and settle.
+	relMu    sync.Mutex
+	rels     []release
+	relWake  chan struct{} // capacity 1: "the mailbox has news"
+	hasQueue atomic.Bool   // the loop holds queued requests; set by the loop
+	stopped  atomic.Bool   // Run returned: releases are dropped
+
 	// Everything below is owned by the Run goroutine.
 	sched    *drr.Scheduler
 	pol      *Policy
@@ -95,6 +109,7 @@ type Dispatcher struct {
 	timer    *time.Timer
 	cands    []Candidate // scratch for picks
 	order    []int       // scratch for picks
+	relSpare []release   // the mailbox's other buffer
 
 	// Endpoint intelligence (loop-owned unless noted).
 	index      *picker.Index // nil: no prefix index
@@ -146,8 +161,6 @@ type cmdKind uint8
 const (
 	cmdAcquire cmdKind = iota
 	cmdCancel
-	cmdFirstByte
-	cmdDone
 	cmdEndpoints
 	cmdPolicy
 	cmdSnapshot
@@ -158,11 +171,16 @@ const (
 type command struct {
 	kind  cmdKind
 	w     *waiter
-	g     *Grant
 	eps   []Endpoint
 	pol   *Policy
 	mu    *metricsUpdate
 	reply chan any
+}
+
+// release is one response-path event of a grant.
+type release struct {
+	g    *Grant
+	done bool // Done; otherwise FirstByte
 }
 
 // metricsUpdate is one SetEndpointMetrics call.
@@ -200,15 +218,16 @@ func New(pol *Policy, opts Options) (*Dispatcher, error) {
 		return nil, fmt.Errorf("building scheduler: %w", err)
 	}
 	d := &Dispatcher{
-		cmds:   make(chan command, 1024),
-		done:   make(chan struct{}),
-		start:  time.Now(),
-		opts:   opts,
-		obs:    opts.Observer,
-		sched:  s,
-		pol:    pol,
-		byAddr: map[string]drr.EndpointID{},
-		byIP:   map[string][]drr.EndpointID{},
+		cmds:    make(chan command, 1024),
+		done:    make(chan struct{}),
+		relWake: make(chan struct{}, 1),
+		start:   time.Now(),
+		opts:    opts,
+		obs:     opts.Observer,
+		sched:   s,
+		pol:     pol,
+		byAddr:  map[string]drr.EndpointID{},
+		byIP:    map[string][]drr.EndpointID{},
 	}
 	if d.obs == nil {
 		d.obs = nopObserver{}
@@ -233,15 +252,24 @@ func New(pol *Policy, opts Options) (*Dispatcher, error) {
 // with ErrShuttingDown and returns. Acquire calls after that fail fast.
 func (d *Dispatcher) Run(ctx context.Context) {
 	defer close(d.done)
+	defer d.stopped.Store(true)
 	d.timer = time.NewTimer(time.Hour)
 	d.timer.Stop()
 	for {
+		d.settle()
 		select {
 		case c := <-d.cmds:
+			d.takeReleases()
 			d.handle(c)
+		case <-d.relWake:
+			if d.takeReleases() {
+				d.drain()
+			}
 		case <-d.timer.C:
+			d.takeReleases()
 			d.drain()
 		case <-ctx.Done():
+			d.takeReleases()
 			d.shutdown()
 			// Answer what raced into the channel; later senders see done.
 			for {
@@ -253,6 +281,61 @@ func (d *Dispatcher) Run(ctx context.Context) {
 				}
 			}
 		}
+	}
+}
+
+// post puts a response-path event in the mailbox and wakes the loop if it
+// holds queued requests, which the event may let go. It never blocks on
+// the loop.
+//
+// No wake-up is lost: the loop publishes hasQueue before it looks at the
+// mailbox a last time (settle), and post appends before it reads hasQueue,
+// so either the loop's look finds the event or post sees hasQueue set.
+func (d *Dispatcher) post(r release) {
+	if d.stopped.Load() {
+		return
+	}
+	d.relMu.Lock()
+	d.rels = append(d.rels, r)
+	d.relMu.Unlock()
+	if d.hasQueue.Load() {
+		select {
+		case d.relWake <- struct{}{}:
+		default: // a wake-up is already pending
+		}
+	}
+}
+
+// takeReleases applies the mailbox's events in the order they were posted
+// and reports whether there were any.
+func (d *Dispatcher) takeReleases() bool {
+	d.relMu.Lock()
+	rs := d.rels
+	d.rels = d.relSpare[:0]
+	d.relMu.Unlock()
+	for i, r := range rs {
+		if r.done {
+			d.finish(r.g)
+		} else {
+			d.prefillDone(r.g)
+		}
+		rs[i] = release{} // the grant may be collected
+	}
+	d.relSpare = rs
+	return len(rs) > 0
+}
+
+// settle ends a loop turn: it publishes whether requests are queued and,
+// if so, applies and drains for the events posted meanwhile, until none
+// is left to look at.
+func (d *Dispatcher) settle() {
+	for {
+		queued := d.sched.Len() > 0
+		d.hasQueue.Store(queued)
+		if !queued || !d.takeReleases() {
+			return
+		}
+		d.drain()
 	}
 }
 
@@ -271,20 +354,26 @@ func (d *Dispatcher) send(c command) bool {
 // *NoEndpointError (503), ErrShuttingDown (503), or ctx's error when the
 // caller gave up (the ticket then leaves the queue at once).
 func (d *Dispatcher) Acquire(ctx context.Context, t *Ticket) (*Grant, error) {
-	w := &waiter{t: t, reply: make(chan result, 1), pinned: drr.NoEndpoint}
+	w := waiters.Get().(*waiter)
+	w.t, w.pinned = t, drr.NoEndpoint
 	select {
 	case d.cmds <- command{kind: cmdAcquire, w: w}:
 	case <-d.done:
+		putWaiter(w)
 		return nil, ErrShuttingDown
 	case <-ctx.Done():
+		putWaiter(w)
 		return nil, ctx.Err()
 	}
 	select {
 	case r := <-w.reply:
+		// Sending the answer was the loop's last use of w.
+		putWaiter(w)
 		return r.g, r.err
 	case <-ctx.Done():
 		// The loop may have answered in the meantime; the cancel command
-		// then releases that grant instead of removing a queued item.
+		// then releases that grant instead of removing a queued item. The
+		// loop keeps w, so it is not recycled.
 		d.send(command{kind: cmdCancel, w: w})
 		return nil, ctx.Err()
 	case <-d.done:
@@ -296,6 +385,16 @@ func (d *Dispatcher) Acquire(ctx context.Context, t *Ticket) (*Grant, error) {
 			return nil, ErrShuttingDown
 		}
 	}
+}
+
+// waiters recycles waiters and their reply channels: two allocations per
+// request otherwise. A waiter goes back only when the loop no longer
+// holds it (never sent, or its answer received).
+var waiters = sync.Pool{New: func() any { return &waiter{reply: make(chan result, 1)} }}
+
+func putWaiter(w *waiter) {
+	*w = waiter{reply: w.reply}
+	waiters.Put(w)
 }
 
 // SetEndpoints replaces the endpoint set. Endpoints keep their accounting
@@ -382,12 +481,6 @@ func (d *Dispatcher) handle(c command) {
 		d.admit(c.w)
 	case cmdCancel:
 		d.cancel(c.w)
-	case cmdFirstByte:
-		d.prefillDone(c.g)
-		d.drain()
-	case cmdDone:
-		d.finish(c.g)
-		d.drain()
 	case cmdEndpoints:
 		d.setEndpoints(c.eps)
 		d.drain()
@@ -419,6 +512,9 @@ func (d *Dispatcher) answer(w *waiter, r result) {
 	}
 	w.answered = true
 	w.grant = r.g
+	if d.overlapFor == w {
+		d.overlapFor = nil // the waiter may be recycled for another request
+	}
 	w.reply <- r
 }
 
@@ -697,12 +793,17 @@ func (d *Dispatcher) grant(w *waiter, queued bool) {
 	if n > len(d.order) {
 		n = len(d.order)
 	}
-	addrs := make([]string, n)
-	for i := 0; i < n; i++ {
-		addrs[i] = d.cands[d.order[i]].Addr
-	}
 	e := d.eps[d.cands[d.order[0]].ID]
-	g := &Grant{d: d, ep: e, Endpoints: addrs, Engine: e.engine, prefill: t.Uncached()}
+	g := &Grant{d: d, ep: e, Engine: e.engine, prefill: t.Uncached()}
+	if n == 1 {
+		g.pick[0] = e.addr
+		g.Endpoints = g.pick[:1:1] // no fallbacks (the default): no second allocation
+	} else {
+		g.Endpoints = make([]string, n)
+		for i := 0; i < n; i++ {
+			g.Endpoints[i] = d.cands[d.order[i]].Addr
+		}
+	}
 	e.activePrefill = drr.SaturatingAdd(e.activePrefill, g.prefill)
 	e.inFlight++
 	e.peakInFlight = max(e.peakInFlight, e.inFlight)
@@ -925,8 +1026,9 @@ type Grant struct {
 	// Engine is the picked endpoint's engine (for the priority polarity).
 	Engine policy.Engine
 
-	prefill         uint64 // loop-owned
-	prefillReleased bool   // loop-owned
+	pick            [1]string // Endpoints' storage when there are no fallbacks
+	prefill         uint64    // loop-owned
+	prefillReleased bool      // loop-owned
 	firstByte       atomic.Bool
 	done            atomic.Bool
 }
@@ -935,7 +1037,7 @@ type Grant struct {
 // request's prefill.
 func (g *Grant) FirstByte() {
 	if g.firstByte.CompareAndSwap(false, true) && !g.done.Load() {
-		g.d.send(command{kind: cmdFirstByte, g: g})
+		g.d.post(release{g: g})
 	}
 }
 
@@ -943,6 +1045,6 @@ func (g *Grant) FirstByte() {
 // than once.
 func (g *Grant) Done() {
 	if g.done.CompareAndSwap(false, true) {
-		g.d.send(command{kind: cmdDone, g: g})
+		g.d.post(release{g: g, done: true})
 	}
 }

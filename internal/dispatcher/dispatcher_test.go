@@ -136,6 +136,125 @@ func TestQueuedRequestReleasedOnFirstByte(t *testing.T) {
 	}
 }
 
+// TestReleasesReachTheNextAdmission: with nothing queued, a grant's
+// releases do not wake the loop, yet the next request's busy test and every
+// snapshot already count them.
+func TestReleasesReachTheNextAdmission(t *testing.T) {
+	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
+	ctx := context.Background()
+	var grants []*Grant
+	for i := 0; i < 4; i++ { // 2,048 tokens: busy past 1,536
+		grants = append(grants, mustAcquire(t, d, &Ticket{ClassHeader: "premium", RawISL: 512}))
+	}
+	grants[0].FirstByte()
+	grants[1].Done()
+	s, _ := d.Snapshot()
+	if e := s.Endpoints[0]; e.ActivePrefill != 1024 || e.InFlight != 3 {
+		t.Fatalf("after one first byte and one done: %+v, want 1024 active prefill tokens and 3 in flight", e)
+	}
+	grants[2].FirstByte()
+	// 512 tokens active: the next request must go at once, not queue.
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	g, err := d.Acquire(cctx, &Ticket{ClassHeader: "regular", RawISL: 512})
+	if err != nil {
+		t.Fatalf("Acquire after the releases: %v", err)
+	}
+	s, _ = d.Snapshot()
+	if e := s.Endpoints[0]; e.ActivePrefill != 1024 || e.InFlight != 4 || s.Queued != 0 {
+		t.Fatalf("after the new grant: %+v, queued %d; want 1024 tokens, 4 in flight, none queued", e, s.Queued)
+	}
+	for _, g := range append(grants, g) {
+		g.Done()
+	}
+	s, _ = d.Snapshot()
+	if e := s.Endpoints[0]; e.ActivePrefill != 0 || e.InFlight != 0 {
+		t.Fatalf("after every done: %+v, want nothing active", e)
+	}
+}
+
+// TestNoLostWakeUps races releases against requests that queue behind
+// them: a release posted while the loop decides to queue must still let
+// the queued request go. A lost wake-up leaves a request queued forever,
+// which the deadline turns into a failure.
+func TestNoLostWakeUps(t *testing.T) {
+	d := startDispatcher(t, twoClassPolicy(512, 128, 1<<20), "127.0.0.2:8000")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const workers, rounds = 8, 300
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		go func() {
+			for i := 0; i < rounds; i++ {
+				g, err := d.Acquire(ctx, &Ticket{ClassHeader: "premium", RawISL: 512})
+				if err != nil {
+					errs <- err
+					return
+				}
+				g.FirstByte()
+				g.Done()
+			}
+			errs <- nil
+		}()
+	}
+	for w := 0; w < workers; w++ {
+		if err := <-errs; err != nil {
+			t.Fatalf("a worker's Acquire failed (a lost wake-up ends in the deadline): %v", err)
+		}
+	}
+	s, _ := d.Snapshot()
+	if e := s.Endpoints[0]; e.ActivePrefill != 0 || e.InFlight != 0 || s.Queued != 0 {
+		t.Fatalf("after all rounds: %+v, queued %d; want nothing left", e, s.Queued)
+	}
+}
+
+// TestSettleTakesReleasesPostedMeanwhile is the loop's half of the
+// wake-up protocol, step by step without a running loop: a release posted
+// while the loop was queueing a request (so it saw no queue and woke
+// nobody) is applied when the loop settles, and the request goes.
+func TestSettleTakesReleasesPostedMeanwhile(t *testing.T) {
+	d, err := New(twoClassPolicy(512, 128, 1024), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.setEndpoints(eps("127.0.0.2:8000"))
+	admit := func() *waiter {
+		w := &waiter{t: &Ticket{ClassHeader: "premium", RawISL: 512}, reply: make(chan result, 1), pinned: drr.NoEndpoint}
+		d.admit(w)
+		return w
+	}
+	var grants []*Grant
+	for i := 0; i < 4; i++ {
+		r := <-admit().reply
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		grants = append(grants, r.g)
+	}
+	queued := admit()
+	if d.sched.Len() != 1 {
+		t.Fatalf("%d queued, want the fifth request queued behind the busy endpoint", d.sched.Len())
+	}
+	grants[0].FirstByte() // hasQueue is still false: posted without a wake-up
+	select {
+	case <-d.relWake:
+		t.Fatal("a release woke the loop while it published no queue")
+	default:
+	}
+	d.settle()
+	select {
+	case r := <-queued.reply:
+		if r.err != nil {
+			t.Fatalf("queued request answered %v, want a grant", r.err)
+		}
+	default:
+		t.Fatal("settle left the queued request waiting with its release in the mailbox")
+	}
+	if d.hasQueue.Load() {
+		t.Error("hasQueue still set with an empty queue")
+	}
+}
+
 func TestCancelledWhileQueuedLeavesAtOnce(t *testing.T) {
 	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
 	ctx := context.Background()

@@ -4,9 +4,13 @@
 //
 // One goroutine, the loop, owns all of it. Callers talk to the loop over a
 // channel: Acquire offers a request and waits for a Grant (or an error that
-// becomes an HTTP answer); a Grant reports its response-path events
-// (FirstByte, Done) back to the loop; endpoint and policy changes arrive as
-// snapshots. After every event that can make a head dispatchable the loop
+// becomes an HTTP answer); endpoint and policy changes arrive as
+// snapshots. A Grant reports its response-path events (FirstByte, Done)
+// through a mailbox instead, without waiting for the loop: the loop applies
+// the mailbox before every command, so admissions and snapshots see current
+// accounting, and an event wakes the loop only while requests are queued,
+// so a request to an idle endpoint costs one round trip to the loop, not
+// three. After every event that can make a head dispatchable the loop
 // drains: it pops from the scheduler until nothing more can leave. There is
 // no goroutine per queued request: a waiting caller blocks on a buffered
 // channel and its own context.
