@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/drr"
@@ -47,25 +48,37 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 			return extproc.Decision{}, jsonReply(http.StatusServiceUnavailable, reason, "this endpoint picker replica is not serving ("+reason+")", nil)
 		}
 	}
-	t := &dispatcher.Ticket{}
+	t := tickets.Get().(*dispatcher.Ticket)
 	blocks, err := h.parse(req, t)
 	if err != nil {
 		recycleBlocks(blocks, t)
+		putTicket(t)
 		return extproc.Decision{}, &extproc.Reply{Status: http.StatusBadRequest, Reason: "malformed_body", Message: err.Error()}
 	}
 	t.Allow, t.HasAllow = allowList(req)
 	g, err := h.Dispatcher.Acquire(ctx, t)
 	if err != nil {
 		// After the caller's own cancellation the loop may still read the
-		// ticket; its buffer is left to the collector then.
+		// ticket; it and its buffer are left to the collector then.
 		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 			recycleBlocks(blocks, t)
+			putTicket(t)
 		}
 		return extproc.Decision{}, replyFor(err)
 	}
 	body := h.routed(req, t, g)
 	recycleBlocks(blocks, t)
+	putTicket(t)
 	return extproc.Decision{Endpoints: g.Endpoints, Body: body, Lifecycle: g}, nil
+}
+
+// tickets recycles tickets: the dispatcher is done with one once Acquire
+// returned a grant or an error other than the caller's cancellation.
+var tickets = sync.Pool{New: func() any { return new(dispatcher.Ticket) }}
+
+func putTicket(t *dispatcher.Ticket) {
+	*t = dispatcher.Ticket{}
+	tickets.Put(t)
 }
 
 // allowList combines the subset hint and the conformance test header: a

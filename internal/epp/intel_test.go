@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -119,6 +120,41 @@ func TestReadBodyFields(t *testing.T) {
 			}
 			if f.Model != tc.model || p != tc.priority {
 				t.Fatalf("model %q priority %d, want %q %d", f.Model, p, tc.model, tc.priority)
+			}
+		})
+	}
+}
+
+// TestReadBodyFieldsAgreesWithEncodingJSON: the scanner and its plain
+// string shortcut decode model and nvext exactly as encoding/json decodes
+// the whole body.
+func TestReadBodyFieldsAgreesWithEncodingJSON(t *testing.T) {
+	bodies := []struct{ name, body string }{
+		{"plain model", `{"model":"llama-3.1-8b","prompt":[1,2,3]}`},
+		{"empty model", `{"model":""}`},
+		{"unicode model", `{"model":"modèle-日本"}`},
+		{"escaped model", `{"model":"a\"b\u00e9\n"}`},
+		{"invalid UTF-8 in model", "{\"model\":\"a\xffb\"}"},
+		{"null after a value keeps the value", `{"model":"first","model":null}`},
+		{"null model", `{"model":null}`},
+		{"case-folded keys, last wins", `{"MODEL":"a","Model":"b","mOdEl":"c"}`},
+		{"Kelvin sign folds to k", "{\"model\":\"m\",\"nve\u212At\":{\"agent_hints\":{\"priority\":3}}}"},
+		{"escaped keys", `{"mod\u0065l":"e","nv\u0065xt":{"agent_hints":{"priority":-1}}}`},
+		{"nvext merged across duplicates", `{"nvext":{"agent_hints":{"priority":1}},"nvext":{"agent_hints":{}}}`},
+		{"whitespace everywhere", " { \"model\" : \"m\" , \"nvext\" : { } } "},
+	}
+	for _, tc := range bodies {
+		t.Run(tc.name, func(t *testing.T) {
+			var want bodyFields
+			if err := json.Unmarshal([]byte(tc.body), &want); err != nil {
+				t.Fatalf("the oracle rejects the body: %v", err)
+			}
+			got, err := readBodyFields([]byte(tc.body))
+			if err != nil {
+				t.Fatalf("readBodyFields: %v", err)
+			}
+			if got.Model != want.Model || !reflect.DeepEqual(got.NVExt, want.NVExt) {
+				t.Errorf("got model %q nvext %+v, encoding/json decodes model %q nvext %+v", got.Model, got.NVExt, want.Model, want.NVExt)
 			}
 		})
 	}

@@ -99,17 +99,31 @@ func (p BodyParser) ParseBlocks(req *extproc.Request, t *dispatcher.Ticket, bloc
 func readBodyFields(body []byte) (bodyFields, error) {
 	var f bodyFields
 	_, err := forEachMember(body, func(key []byte, vs, ve int) error {
-		var dst any
+		v := body[vs:ve]
+		var err error
 		var name string
 		switch {
 		case keyFolds(key, "model"):
-			dst, name = &f.Model, "model"
+			name = "model"
+			if s, ok := plainString(v); ok {
+				f.Model = s // what json.Unmarshal would decode, without its allocations
+				return nil
+			}
+			// Decoding into a copy keeps f on the stack; starting from the
+			// current value keeps encoding/json's handling of a null
+			// duplicate (the earlier value stays).
+			m := f.Model
+			err = json.Unmarshal(v, &m)
+			f.Model = m
 		case keyFolds(key, "nvext"):
-			dst, name = &f.NVExt, "nvext"
+			name = "nvext"
+			n := f.NVExt
+			err = json.Unmarshal(v, &n)
+			f.NVExt = n
 		default:
 			return nil
 		}
-		if err := json.Unmarshal(body[vs:ve], dst); err != nil {
+		if err != nil {
 			var te *json.UnmarshalTypeError
 			if errors.As(err, &te) {
 				field := name

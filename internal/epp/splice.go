@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // errNotObject is returned by setTopLevelInt for a body that is not a JSON
@@ -100,26 +101,51 @@ func forEachMember(body []byte, fn func(key []byte, vs, ve int) error) (int, err
 // keyEquals compares a quoted JSON key with name, decoding escapes only
 // when the key has any.
 func keyEquals(quoted []byte, name string) bool {
-	k, ok := keyString(quoted)
+	inner := quoted[1 : len(quoted)-1]
+	if bytes.IndexByte(inner, '\\') < 0 {
+		return string(inner) == name // compared in place, not copied
+	}
+	k, ok := unquoteKey(quoted)
 	return ok && k == name
 }
 
 // keyFolds reports whether a quoted JSON key names the struct field name
-// as encoding/json matches it: exactly or case-insensitively.
+// as encoding/json matches it: exactly or case-insensitively (Unicode
+// simple folding, as strings.EqualFold).
 func keyFolds(quoted []byte, name string) bool {
-	k, ok := keyString(quoted)
+	inner := quoted[1 : len(quoted)-1]
+	if bytes.IndexByte(inner, '\\') < 0 {
+		// In place: a key of the body costs no allocation.
+		return bytes.EqualFold(inner, []byte(name))
+	}
+	k, ok := unquoteKey(quoted)
 	return ok && strings.EqualFold(k, name)
 }
 
-// keyString decodes a quoted key; without escapes it aliases nothing and
-// allocates nothing for keys compared right away.
-func keyString(quoted []byte) (string, bool) {
-	inner := quoted[1 : len(quoted)-1]
-	if bytes.IndexByte(inner, '\\') < 0 {
-		return string(inner), true
-	}
+// unquoteKey decodes a quoted key that has escapes.
+func unquoteKey(quoted []byte) (string, bool) {
 	var s string
 	return s, json.Unmarshal(quoted, &s) == nil
+}
+
+// plainString returns the value of a JSON string that decodes to its own
+// bytes: no escapes, no control characters, valid UTF-8. For anything else
+// ok is false and the caller decodes it with encoding/json, which then
+// yields the same as it always would.
+func plainString(v []byte) (s string, ok bool) {
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+		return "", false
+	}
+	inner := v[1 : len(v)-1]
+	for _, c := range inner {
+		if c < 0x20 || c == '\\' || c == '"' {
+			return "", false
+		}
+	}
+	if !utf8.Valid(inner) {
+		return "", false
+	}
+	return string(inner), true
 }
 
 func skipSpace(b []byte, i int) int {
