@@ -97,29 +97,44 @@ func TestStreamedBodyMatchesPlainBuild(t *testing.T) {
 }
 
 // TestSharedPickAnswer checks the cached answer: the same message for the
-// same endpoint, the plain build's content, and safe to marshal from many
-// streams at once (run with -race).
+// same endpoint, the same bytes on the wire as the plain build, decoding
+// to its content, and safe to marshal from many streams at once (run with
+// -race).
 func TestSharedPickAnswer(t *testing.T) {
 	s := NewServer(nil, Options{})
 	a := s.pickAnswer("10.0.0.1:8000")
 	if b := s.pickAnswer("10.0.0.1:8000"); b != a {
 		t.Error("second pick of the same endpoint built a new answer")
 	}
-	if want := plainPick("10.0.0.1:8000", "10.0.0.1:8000", -1, nil, false); !proto.Equal(a, want) {
-		t.Errorf("shared answer = %v\nwant %v", a, want)
-	}
-	if c := s.pickAnswer("10.0.0.2:8000"); proto.Equal(c, a) {
-		t.Error("another endpoint got the first endpoint's answer")
-	}
-	want, err := proto.Marshal(a)
+	plain := plainPick("10.0.0.1:8000", "10.0.0.1:8000", -1, nil, false)
+	want, err := proto.Marshal(plain)
 	if err != nil {
 		t.Fatal(err)
+	}
+	got, err := proto.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) {
+		t.Errorf("shared answer encodes to %x, the plain build to %x", got, want)
+	}
+	var decoded extprocv3.ProcessingResponse
+	if err := proto.Unmarshal(got, &decoded); err != nil || !proto.Equal(&decoded, plain) {
+		t.Errorf("shared answer decodes to %v (%v), want %v", &decoded, err, plain)
+	}
+	other, err := proto.Marshal(s.pickAnswer("10.0.0.2:8000"))
+	if err != nil || string(other) == string(got) {
+		t.Errorf("another endpoint got the first endpoint's answer (%v)", err)
 	}
 	var wg sync.WaitGroup
 	errs := make(chan string, 8)
 	for range 8 {
 		wg.Go(func() {
 			for range 100 {
+				if proto.Size(a) != len(want) {
+					errs <- "concurrent size differs"
+					return
+				}
 				b, err := proto.Marshal(a)
 				if err != nil || string(b) != string(want) {
 					errs <- "concurrent marshal differs or failed"

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // Outcome labels passed to Observer.StreamDone. A stream answered with a
@@ -75,12 +76,29 @@ type Server struct {
 	picks   map[string]*extprocv3.ProcessingResponse
 }
 
+// preEncoded returns a message that marshals to exactly m's encoding, done
+// once now: an empty ProcessingResponse carrying that encoding as its
+// unknown fields, which protobuf writes out verbatim. Encoding the pick
+// answer's metadata (two maps, walked by reflection) was the costliest
+// part of marshalling it, and the gateway gets the same bytes. Only
+// marshalling may read the result; it is m itself if m does not encode.
+func preEncoded(m *extprocv3.ProcessingResponse) *extprocv3.ProcessingResponse {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return m
+	}
+	e := &extprocv3.ProcessingResponse{}
+	e.ProtoReflect().SetUnknown(b)
+	return e
+}
+
 // maxCachedPicks bounds Server.picks: past it the cache starts over, so a
 // pool whose endpoints come and go for months does not grow it forever.
 const maxCachedPicks = 4096
 
 // pickAnswer returns the shared pick answer for a request routed to the
-// single endpoint pick (header and metadata both name just it).
+// single endpoint pick (header and metadata both name just it), encoded
+// once (see preEncoded).
 func (s *Server) pickAnswer(pick string) *extprocv3.ProcessingResponse {
 	s.picksMu.RLock()
 	r := s.picks[pick]
@@ -88,7 +106,7 @@ func (s *Server) pickAnswer(pick string) *extprocv3.ProcessingResponse {
 	if r != nil {
 		return r
 	}
-	r = pickResponse(pick, pick, -1, nil, false)
+	r = preEncoded(pickResponse(pick, pick, -1, nil, false))
 	s.picksMu.Lock()
 	if len(s.picks) >= maxCachedPicks {
 		clear(s.picks)
