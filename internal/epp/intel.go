@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
+	"github.com/laneway-dev/laneway/internal/metrics"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 	"github.com/laneway-dev/laneway/pkg/picker"
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
@@ -136,7 +137,12 @@ type intel struct {
 	scraper *podmetrics.Scraper // nil when not scraping
 
 	promptTokens, cachedTokens *prometheus.CounterVec
+	// routedTo caches both counters' children per endpoint.
+	routedTo *metrics.Children[routedCounters]
 }
+
+// routedCounters are one endpoint's children of the routed-token series.
+type routedCounters struct{ prompt, cached prometheus.Counter }
 
 var _ RequestHooks = (*intel)(nil)
 
@@ -185,6 +191,9 @@ func (in *intel) attach(d *dispatcher.Dispatcher, reg prometheus.Registerer) err
 		Name: "laneway_routed_cached_tokens_total",
 		Help: "Prompt tokens of the requests routed to an endpoint that the prefix index expected the endpoint to have cached (the cost snapshot's cached tokens).",
 	}, []string{"endpoint"})
+	in.routedTo = metrics.NewChildren(func(ep string) routedCounters {
+		return routedCounters{prompt: in.promptTokens.WithLabelValues(ep), cached: in.cachedTokens.WithLabelValues(ep)}
+	})
 	return errors.Join(reg.Register(in.promptTokens), reg.Register(in.cachedTokens), reg.Register((*intelCollector)(in)))
 }
 
@@ -232,8 +241,9 @@ func (in *intel) BlockSize() int { return in.disp.BlockSize() }
 // priority.
 func (in *intel) Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant) []byte {
 	ep := g.Endpoints[0]
-	in.promptTokens.WithLabelValues(ep).Add(float64(t.RawISL))
-	in.cachedTokens.WithLabelValues(ep).Add(float64(t.Cached))
+	c := in.routedTo.Get(ep)
+	c.prompt.Add(float64(t.RawISL))
+	c.cached.Add(float64(t.Cached))
 	if log := in.log.V(4); log.Enabled() {
 		log.Info("routed", "endpoint", ep, "rawISL", t.RawISL, "cachedTokens", t.Cached, "class", t.Class,
 			"priority", t.Priority, "hasPriority", t.HasPriority)

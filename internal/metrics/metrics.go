@@ -1,7 +1,6 @@
 package metrics
 
 import (
-	"strconv"
 	"sync"
 	"time"
 
@@ -29,6 +28,11 @@ type Metrics struct {
 	rejections   *prometheus.CounterVec
 	queueWait    *prometheus.HistogramVec
 	streams      *prometheus.CounterVec
+
+	// Per-request updates go through cached children (see Children).
+	direct, queued *Children[prometheus.Counter]  // dispatches by class
+	waits          *Children[prometheus.Observer] // queueWait by class
+	outcomes       *Children[prometheus.Counter]  // streams by outcome
 
 	mu     sync.Mutex
 	source Snapshotter
@@ -61,6 +65,10 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 			Help: "ext_proc streams by outcome.",
 		}, []string{"outcome"}),
 	}
+	m.direct = NewChildren(func(class string) prometheus.Counter { return m.dispatches.WithLabelValues(class, "false") })
+	m.queued = NewChildren(func(class string) prometheus.Counter { return m.dispatches.WithLabelValues(class, "true") })
+	m.waits = NewChildren(func(class string) prometheus.Observer { return m.queueWait.WithLabelValues(class) })
+	m.outcomes = NewChildren(func(outcome string) prometheus.Counter { return m.streams.WithLabelValues(outcome) })
 	reg.MustRegister(m.backpressure, m.dispatches, m.rejections, m.queueWait, m.streams, (*collector)(m))
 	return m
 }
@@ -74,10 +82,12 @@ func (m *Metrics) SetSource(s Snapshotter) {
 
 // Dispatched implements dispatcher.Observer.
 func (m *Metrics) Dispatched(class string, queued bool, wait time.Duration) {
-	m.dispatches.WithLabelValues(class, strconv.FormatBool(queued)).Inc()
-	if queued {
-		m.queueWait.WithLabelValues(class).Observe(wait.Seconds())
+	if !queued {
+		m.direct.Get(class).Inc()
+		return
 	}
+	m.queued.Get(class).Inc()
+	m.waits.Get(class).Observe(wait.Seconds())
 }
 
 // Rejected implements dispatcher.Observer.
@@ -90,7 +100,7 @@ func (m *Metrics) Rejected(class, reason string) {
 
 // StreamDone counts one ext_proc stream by outcome.
 func (m *Metrics) StreamDone(outcome string) {
-	m.streams.WithLabelValues(outcome).Inc()
+	m.outcomes.Get(outcome).Inc()
 }
 
 var (

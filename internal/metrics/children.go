@@ -1,0 +1,49 @@
+package metrics
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Children caches the children of a metric vector by one key (a label
+// value, or a combination the caller encodes), so a per-request update
+// costs a map read instead of hashing and comparing label values on every
+// call. Lookups take no lock: the map is replaced, never modified, when a
+// key is added, which happens once per key (label sets are small: classes,
+// outcomes, endpoints). Like the vector itself it never forgets a key.
+// The zero value is not usable; use NewChildren.
+type Children[T any] struct {
+	m    atomic.Pointer[map[string]T]
+	mu   sync.Mutex // serialises additions
+	make func(key string) T
+}
+
+// NewChildren returns a cache that makes a missing child with mk (for
+// example a vector's WithLabelValues).
+func NewChildren[T any](mk func(key string) T) *Children[T] {
+	c := &Children[T]{make: mk}
+	c.m.Store(&map[string]T{})
+	return c
+}
+
+// Get returns the child for key, making it on first use. It is safe for
+// concurrent use.
+func (c *Children[T]) Get(key string) T {
+	if v, ok := (*c.m.Load())[key]; ok {
+		return v
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := *c.m.Load()
+	if v, ok := old[key]; ok {
+		return v
+	}
+	v := c.make(key)
+	next := make(map[string]T, len(old)+1)
+	for k, x := range old {
+		next[k] = x
+	}
+	next[key] = v
+	c.m.Store(&next)
+	return v
+}

@@ -1,0 +1,62 @@
+package metrics
+
+import (
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestChildren(t *testing.T) {
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c_total", Help: "h"}, []string{"k"})
+	made := map[string]int{}
+	var mu sync.Mutex
+	c := NewChildren(func(k string) prometheus.Counter {
+		mu.Lock()
+		made[k]++
+		mu.Unlock()
+		return vec.WithLabelValues(k)
+	})
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 100 {
+				c.Get("k" + strconv.Itoa((w+i)%5)).Inc()
+			}
+		})
+	}
+	wg.Wait()
+	tests := []struct {
+		key  string
+		want float64
+	}{{"k0", 160}, {"k1", 160}, {"k2", 160}, {"k3", 160}, {"k4", 160}}
+	for _, tc := range tests {
+		if got := testutil.ToFloat64(vec.WithLabelValues(tc.key)); got != tc.want {
+			t.Errorf("%s = %v, want %v", tc.key, got, tc.want)
+		}
+		if made[tc.key] != 1 {
+			t.Errorf("%s made %d times, want once", tc.key, made[tc.key])
+		}
+	}
+	if n := testutil.CollectAndCount(vec); n != 5 {
+		t.Errorf("%d series, want 5: a key is made only when first used", n)
+	}
+}
+
+// BenchmarkChildren compares a cached child with the vector's own lookup.
+func BenchmarkChildren(b *testing.B) {
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c_total", Help: "h"}, []string{"class", "queued"})
+	b.Run("WithLabelValues", func(b *testing.B) {
+		for b.Loop() {
+			vec.WithLabelValues("premium", "false").Inc()
+		}
+	})
+	c := NewChildren(func(k string) prometheus.Counter { return vec.WithLabelValues(k, "false") })
+	b.Run("Children", func(b *testing.B) {
+		for b.Loop() {
+			c.Get("premium").Inc()
+		}
+	})
+}
