@@ -425,3 +425,31 @@ func BenchmarkDecide32k100Endpoints(b *testing.B) {
 		dec.Lifecycle.Done()
 	}
 }
+
+// BenchmarkReadBodyFields: the scan for model and nvext over a body the
+// tokenizer has already read, for the load test's 256-token id prompt and
+// a 32k-token text prompt.
+func BenchmarkReadBodyFields(b *testing.B) {
+	ids := make([]int, 256)
+	for i := range ids {
+		ids[i] = 1 + (i*7919)%50000
+	}
+	body256, err := json.Marshal(map[string]any{"model": "loadgen", "prompt": ids, "max_tokens": 1, "stream": true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name string
+		body []byte
+	}{{"ids256", body256}, {"text32k", bench32k(false)}, {"ids32k", bench32k(true)}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(bc.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if f, err := readBodyFields(bc.body); err != nil || f.Model == "" {
+					b.Fatalf("model %q, err %v", f.Model, err)
+				}
+			}
+		})
+	}
+}

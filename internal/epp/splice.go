@@ -2,6 +2,7 @@ package epp
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -155,20 +156,52 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
-// skipString returns the index after the string starting at b[i].
+// skipString returns the index after the string starting at b[i]. It
+// jumps from quote to quote (bytes.IndexByte is vectorised: a long text
+// prompt is most of a body) and a quote ends the string when an even
+// number of backslashes precedes it.
 func skipString(b []byte, i int) (int, error) {
 	if i >= len(b) || b[i] != '"' {
 		return 0, errNotObject
 	}
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
+	for i++; ; i++ {
+		j := bytes.IndexByte(b[i:], '"')
+		if j < 0 {
+			return 0, errNotObject
+		}
+		i += j
+		// The opening quote stops this walk, so it stays in the string.
+		n := 0
+		for k := i - 1; b[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 0 {
 			return i + 1, nil
 		}
 	}
-	return 0, errNotObject
+}
+
+// structural marks the bytes skipValue looks at inside an array or object;
+// the rest (numbers, literals, commas, colons, white space: nearly all of a
+// token-id prompt) is passed over in a tight loop.
+var structural = [256]bool{'"': true, '[': true, ']': true, '{': true, '}': true}
+
+// skipPlain returns the index of the first 8-byte word at or after b[i]
+// that may hold a structural byte (or the end of the last whole word),
+// testing a word at a time: a byte equals c where x^c has a zero byte, and
+// OR-ing 0x20 folds '[' and ']' onto '{' and '}' (and nothing else onto
+// them), so three zero-byte tests cover the five structural bytes.
+func skipPlain(b []byte, i int) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	zero := func(y uint64) uint64 { return (y - ones) &^ y & highs }
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		f := x | 0x20*ones
+		if zero(x^'"'*ones)|zero(f^'{'*ones)|zero(f^'}'*ones) != 0 {
+			return i
+		}
+	}
+	return i
 }
 
 // skipValue returns the index after the JSON value starting at b[i].
@@ -181,14 +214,24 @@ func skipValue(b []byte, i int) (int, error) {
 		return skipString(b, i)
 	case '{', '[':
 		depth := 0
-		for ; i < len(b); i++ {
-			switch b[i] {
+		for i < len(b) {
+			i = skipPlain(b, i)
+			if i >= len(b) {
+				break
+			}
+			c := b[i]
+			if !structural[c] {
+				i++
+				continue
+			}
+			switch c {
 			case '"':
 				e, err := skipString(b, i)
 				if err != nil {
 					return 0, err
 				}
-				i = e - 1
+				i = e
+				continue
 			case '{', '[':
 				depth++
 			case '}', ']':
@@ -197,6 +240,7 @@ func skipValue(b []byte, i int) (int, error) {
 					return i + 1, nil
 				}
 			}
+			i++
 		}
 		return 0, errNotObject
 	}
