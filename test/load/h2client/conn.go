@@ -576,7 +576,17 @@ const (
 	fieldRequestTrailers  = 5
 	fieldResponseTrailers = 6
 	fieldImmediate        = 7
+	// fieldStreamedImmediate is streamed_immediate_response, a local
+	// response the processor streams; pickers do not send it, and the load
+	// tool reports it as unexpected.
+	fieldStreamedImmediate = 11
 )
+
+// isResponseField reports whether num is a member of ProcessingResponse's
+// response oneof.
+func isResponseField(num protowire.Number) bool {
+	return num >= fieldRequestHeaders && num <= fieldImmediate || num == fieldStreamedImmediate
+}
 
 // onMessage advances s on one ProcessingResponse.
 func (c *Conn) onMessage(s *stream, msg []byte) error {
@@ -726,7 +736,7 @@ func responseKind(msg []byte) (protowire.Number, []byte, error) {
 			return 0, nil, fmt.Errorf("ProcessingResponse: %w", protowire.ParseError(n))
 		}
 		msg = msg[n:]
-		if num >= fieldRequestHeaders && num <= fieldImmediate && typ == protowire.BytesType {
+		if isResponseField(num) && typ == protowire.BytesType {
 			v, m := protowire.ConsumeBytes(msg)
 			if m < 0 {
 				return 0, nil, fmt.Errorf("ProcessingResponse field %d: %w", num, protowire.ParseError(m))
