@@ -271,7 +271,7 @@ func (ex *Exchange) headersMessage(s *RequestSpec, eos bool) *extprocv3.Processi
 		{Key: ":method", RawValue: []byte(s.method())},
 		{Key: ":scheme", RawValue: []byte(def(s.Scheme, "http"))},
 	}
-	hs = appendHeaders(hs, s.Headers)
+	hs = AppendHeaders(hs, s.Headers)
 	if len(s.Body) > 0 && s.Headers.Get("content-length") == "" {
 		hs = append(hs, &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(len(s.Body)))})
 	}
@@ -302,9 +302,9 @@ func (ex *Exchange) headersMessage(s *RequestSpec, eos bool) *extprocv3.Processi
 	return msg
 }
 
-// appendHeaders adds h lower-cased, one entry per value, in a stable order so
-// runs are reproducible.
-func appendHeaders(dst []*corev3.HeaderValue, h http.Header) []*corev3.HeaderValue {
+// AppendHeaders adds h to dst as ext_proc header values: lower-cased, one
+// entry per value, in a stable order so runs are reproducible.
+func AppendHeaders(dst []*corev3.HeaderValue, h http.Header) []*corev3.HeaderValue {
 	keys := make([]string, 0, len(h))
 	for k := range h {
 		keys = append(keys, k)
@@ -364,7 +364,7 @@ func (ex *Exchange) sendBody(s *RequestSpec) (stopped bool, msgs int, err error)
 	}
 	if trailers {
 		stopped, err = ex.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
-			RequestTrailers: &extprocv3.HttpTrailers{Trailers: &corev3.HeaderMap{Headers: appendHeaders(nil, s.Trailers)}},
+			RequestTrailers: &extprocv3.HttpTrailers{Trailers: &corev3.HeaderMap{Headers: AppendHeaders(nil, s.Trailers)}},
 		}})
 	}
 	return stopped, msgs, err
@@ -557,7 +557,7 @@ func (ex *Exchange) SendResponseHeaders(status int, h http.Header, endOfStream b
 	}
 	hs := []*corev3.HeaderValue{{Key: ":status", RawValue: []byte(strconv.Itoa(status))}}
 	msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
-		ResponseHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: appendHeaders(hs, h)}, EndOfStream: endOfStream},
+		ResponseHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: AppendHeaders(hs, h)}, EndOfStream: endOfStream},
 	}}
 	if served != "" {
 		msg.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{

@@ -4,14 +4,14 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/http"
-	"sort"
 	"strconv"
-	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/laneway-dev/laneway/internal/extprocclient"
 )
 
 // DefaultChunkBytes is the largest request or response body message a Plan
@@ -63,7 +63,7 @@ func NewPlan(ex Exchange) (*Plan, error) {
 		{Key: ":method", RawValue: []byte(http.MethodPost)},
 		{Key: ":scheme", RawValue: []byte("http")},
 	}
-	hs = appendHeaders(hs, ex.Headers)
+	hs = extprocclient.AppendHeaders(hs, ex.Headers)
 	if len(ex.Body) > 0 && ex.Headers.Get("content-length") == "" {
 		hs = append(hs, &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(len(ex.Body)))})
 	}
@@ -92,7 +92,7 @@ func NewPlan(ex Exchange) (*Plan, error) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	rh := appendHeaders([]*corev3.HeaderValue{{Key: ":status", RawValue: []byte(strconv.Itoa(status))}}, ex.ResponseHeaders)
+	rh := extprocclient.AppendHeaders([]*corev3.HeaderValue{{Key: ":status", RawValue: []byte(strconv.Itoa(status))}}, ex.ResponseHeaders)
 	p.response, err = appendMessage(nil, &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: rh}},
 	}})
@@ -126,19 +126,4 @@ func appendMessage(dst []byte, m proto.Message) ([]byte, error) {
 	dst = append(dst, 0, 0, 0, 0, 0)
 	binary.BigEndian.PutUint32(dst[len(dst)-4:], uint32(len(b)))
 	return append(dst, b...), nil
-}
-
-// appendHeaders adds h lower-cased in a stable order.
-func appendHeaders(dst []*corev3.HeaderValue, h http.Header) []*corev3.HeaderValue {
-	keys := make([]string, 0, len(h))
-	for k := range h {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		for _, v := range h[k] {
-			dst = append(dst, &corev3.HeaderValue{Key: strings.ToLower(k), RawValue: []byte(v)})
-		}
-	}
-	return dst
 }
