@@ -427,6 +427,7 @@ func (c *Conn) readLoop() {
 					c.reset(s, se.Code, fmt.Errorf("stream %d: %w", se.StreamID, err))
 				}
 				c.mu.Unlock()
+				c.kick() // the RST_STREAM
 				c.flushEvents()
 				continue
 			}

@@ -108,10 +108,14 @@ type recorder struct {
 	done      map[int]error
 	all       chan struct{}
 	want      int
+	// decidedN, when set, is closed once that many decisions arrived.
+	decidedN   int
+	allDecided chan struct{}
 }
 
 func newRecorder(t *testing.T, want int) *recorder {
-	return &recorder{t: t, decisions: map[int]Decision{}, done: map[int]error{}, all: make(chan struct{}), want: want}
+	return &recorder{t: t, decisions: map[int]Decision{}, done: map[int]error{}, all: make(chan struct{}), want: want,
+		allDecided: make(chan struct{})}
 }
 
 func (r *recorder) decided(tag int, d Decision) {
@@ -121,6 +125,9 @@ func (r *recorder) decided(tag int, d Decision) {
 		r.t.Errorf("stream %d decided twice", tag)
 	}
 	r.decisions[tag] = d
+	if len(r.decisions) == r.decidedN {
+		close(r.allDecided)
+	}
 }
 
 func (r *recorder) finished(tag int, err error) {
@@ -227,22 +234,15 @@ func TestExchanges(t *testing.T) {
 func TestCloseEndsOpenStreams(t *testing.T) {
 	addr := serve(t, echo{})
 	r := newRecorder(t, 11)
+	r.decidedN = 10
 	c := dial(t, addr, plan(t, 100, nil), time.Hour, r)
 	for i := range 10 {
 		c.Start(i)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		r.mu.Lock()
-		n := len(r.decisions)
-		r.mu.Unlock()
-		if n == 10 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 10 decisions", n)
-		}
-		time.Sleep(5 * time.Millisecond) // no event to wait on from outside the callbacks
+	select {
+	case <-r.allDecided:
+	case <-time.After(10 * time.Second):
+		t.Fatal("10 streams not decided within 10 s")
 	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
