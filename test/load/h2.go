@@ -85,16 +85,10 @@ func (r *H2Runner) RunOpen(ctx context.Context, cfg Config) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	capN := cfg.ConcurrencyCap
-	if capN == 0 {
-		capN = MaxConcurrency
-	}
-	total := int(cfg.Rate * cfg.Duration.Seconds())
-	interval := time.Duration(float64(time.Second) / cfg.Rate)
-	run := &h2Run{s: &stats{byStatus: map[int]int{}, lat: make([]time.Duration, 0, total)}}
+	run := &h2Run{s: newOpenStats(&cfg)}
 	if r.Trace != nil {
-		run.begin = make([]time.Duration, total)
-		run.s.trace = make([]tracePoint, 0, total)
+		run.begin = make([]time.Duration, int(cfg.Rate*cfg.Duration.Seconds()))
+		run.s.trace = make([]tracePoint, 0, len(run.begin))
 	}
 
 	conns := make([]*h2client.Conn, 0, r.Conns)
@@ -114,50 +108,14 @@ func (r *H2Runner) RunOpen(ctx context.Context, cfg Config) (Result, error) {
 	}
 
 	base := &Runner{PickerCPU: r.PickerCPU, Trace: r.Trace}
-	res := Result{Mode: "open", Rate: cfg.Rate, Hold: cfg.Hold, Duration: cfg.Duration}
-	cpu0, cpuOK := base.sampleCPU()
-	self0 := selfCPU()
-	start := time.Now()
-	run.s.t0 = start
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
-	var lastArrival time.Time
-	for i := 0; i < total; i++ {
-		due := start.Add(time.Duration(i) * interval)
-		if wait := time.Until(due); wait > 0 {
-			t.Reset(wait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-			}
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		lastArrival = time.Now()
-		if lag := lastArrival.Sub(due); lag > res.MaxLag {
-			res.MaxLag = lag
-		}
-		if int(run.s.open.Load()) >= capN {
-			res.Skipped++
-			continue
-		}
-		res.Started++
-		run.s.enter()
+	res, err := base.openLoop(ctx, &cfg, run.s, func(i int) {
 		if run.begin != nil {
-			run.begin[i] = lastArrival.Sub(start)
+			run.begin[i] = time.Since(run.s.t0)
 		}
 		run.pending.Add(1)
 		conns[i%len(conns)].Start(i)
-	}
-	window := lastArrival.Sub(start)
-	waitOrCancel(ctx, &run.pending, conns)
-	res.Elapsed = time.Since(start)
-	base.finish(&res, run.s, cpu0, cpuOK, self0)
-	if window > 0 {
-		res.DecisionsPerSec = float64(res.Routed+res.Immediate) / (window + interval).Seconds()
-	}
-	if err := ctx.Err(); err != nil {
+	}, func() { waitOrCancel(ctx, &run.pending, conns) })
+	if err != nil {
 		return res, fmt.Errorf("open run cancelled: %w", err)
 	}
 	return res, nil

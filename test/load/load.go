@@ -325,30 +325,54 @@ func (r *Runner) RunOpen(ctx context.Context, cfg Config) (Result, error) {
 	if len(r.Clients) == 0 {
 		return Result{}, errors.New("load: no clients")
 	}
+	spec := specFor(&cfg)
+	s := newOpenStats(&cfg)
+	var wg sync.WaitGroup
+	return r.openLoop(ctx, &cfg, s, func(i int) {
+		c := r.Clients[i%len(r.Clients)]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer s.leave()
+			r.one(ctx, c, spec, cfg.Hold, s)
+		}()
+	}, wg.Wait)
+}
+
+// newOpenStats sizes a run's stats for its arrivals.
+func newOpenStats(cfg *Config) *stats {
+	return &stats{byStatus: map[int]int{}, lat: make([]time.Duration, 0, int(cfg.Rate*cfg.Duration.Seconds()))}
+}
+
+// openLoop is the arrival schedule both open-loop drivers share: arrival i
+// is due at i/Rate from the start, whatever the picker does, and launch(i)
+// starts it unless ConcurrencyCap streams are open (it is then skipped and
+// counted, never delayed). launch must call s.leave when the stream ends.
+// wait returns once every launched stream has ended; openLoop then fills
+// in the Result.
+func (r *Runner) openLoop(ctx context.Context, cfg *Config, s *stats, launch func(i int), wait func()) (Result, error) {
 	capN := cfg.ConcurrencyCap
 	if capN == 0 {
 		capN = MaxConcurrency
 	}
-	spec := specFor(&cfg)
 	total := int(cfg.Rate * cfg.Duration.Seconds())
 	interval := time.Duration(float64(time.Second) / cfg.Rate)
-	s := &stats{byStatus: map[int]int{}, lat: make([]time.Duration, 0, total)}
 	res := Result{Mode: "open", Rate: cfg.Rate, Hold: cfg.Hold, Duration: cfg.Duration}
 
 	cpu0, cpuOK := r.sampleCPU()
 	self0 := selfCPU()
-	var wg sync.WaitGroup
 	start := time.Now()
 	s.t0 = start
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
 	var lastArrival time.Time
 	for i := 0; i < total; i++ {
 		due := start.Add(time.Duration(i) * interval)
 		if wait := time.Until(due); wait > 0 {
-			t := time.NewTimer(wait)
+			t.Reset(wait)
 			select {
 			case <-t.C:
 			case <-ctx.Done():
-				t.Stop()
 			}
 		}
 		if ctx.Err() != nil {
@@ -364,16 +388,10 @@ func (r *Runner) RunOpen(ctx context.Context, cfg Config) (Result, error) {
 		}
 		res.Started++
 		s.enter()
-		c := r.Clients[i%len(r.Clients)]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer s.leave()
-			r.one(ctx, c, spec, cfg.Hold, s)
-		}()
+		launch(i)
 	}
 	window := lastArrival.Sub(start)
-	wg.Wait()
+	wait()
 	res.Elapsed = time.Since(start)
 	r.finish(&res, s, cpu0, cpuOK, self0)
 	if window > 0 {
