@@ -2,22 +2,15 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
 	"github.com/laneway-dev/laneway/test/load"
 )
 
@@ -54,36 +47,11 @@ func lweppLabel() string {
 	return fmt.Sprintf("lwepp (args %s)", strings.Join(lw.args, " "))
 }
 
-// picker is one side of the comparison: the gRPC runner (warm-up, closed
-// loop, --client grpc) and the picker's ext_proc address for the open
-// loop's event-driven HTTP/2 client (--client h2).
-type picker struct {
-	name, label string
-	r           *load.Runner
-	addr        string
-}
-
-// run measures one run of cfg against p with the client run would use.
-func (p *picker) run(ctx context.Context, f *flags, cfg load.Config) (load.Result, error) {
-	switch {
-	case f.mode == "closed":
-		return p.r.RunClosed(ctx, cfg)
-	case f.client == "h2":
-		h2 := &load.H2Runner{Addr: p.addr, Conns: f.conns, PickerCPU: p.r.PickerCPU, Trace: p.r.Trace}
-		if f.tls {
-			h2.TLS = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // pickers serve self-signed certificates
-		}
-		return h2.RunOpen(ctx, cfg)
-	default:
-		return p.r.RunOpen(ctx, cfg)
-	}
-}
-
-// compareLWEPP spawns lwepp next to the spawned Laneway (ext_proc at addr,
-// measured through lane) and, for every run of the mode (one open loop, or
+// compareLWEPP spawns lwepp next to the spawned Laneway (lane) and, for
+// every run of the mode (one open loop, or
 // each closed-loop level), measures Laneway, then lwepp, then Laneway
 // again: alternating keeps the machine's drift from favouring either.
-func compareLWEPP(ctx context.Context, f *flags, lane *load.Runner, addr string, cfg load.Config, levels []int) error {
+func compareLWEPP(ctx context.Context, f *flags, lane *picker, cfg load.Config, levels []int) error {
 	if !f.spawn || spawnedEndpoint == "" {
 		return errors.New("--compare-lwepp needs --spawn (lwepp must route to the spawned idle endpoint)")
 	}
@@ -93,27 +61,16 @@ func compareLWEPP(ctx context.Context, f *flags, lane *load.Runner, addr string,
 	}
 	defer stop()
 
-	cfgs := []load.Config{cfg}
-	if f.mode == "closed" {
-		cfgs = cfgs[:0]
-		for _, n := range levels {
-			c := cfg
-			c.Concurrency = n
-			cfgs = append(cfgs, c)
-		}
-	}
-	sides := []*picker{
-		{"laneway", "laneway (run 1 of 2)", lane, addr},
-		ref,
-		{"laneway", "laneway (run 2 of 2)", lane, addr},
-	}
-	for _, c := range cfgs {
+	first, second := *lane, *lane
+	first.label, second.label = "laneway (run 1 of 2)", "laneway (run 2 of 2)"
+	sides := []*picker{&first, ref, &second}
+	for _, c := range runConfigs(f, cfg, levels) {
 		var res [3]load.Result
 		for i, p := range sides {
 			if res[i], err = p.run(ctx, f, c); err != nil {
 				return fmt.Errorf("%s: %w", p.label, err)
 			}
-			if err := reportSide(f, p, &res[i]); err != nil {
+			if err := report(f, p, &res[i]); err != nil {
 				return err
 			}
 		}
@@ -125,8 +82,7 @@ func compareLWEPP(ctx context.Context, f *flags, lane *load.Runner, addr string,
 }
 
 // spawnLWEPP starts lwepp with its log in a temp dir (removed at clean-up
-// unless lwepp failed), connects f.conns gateway clients to it as run does
-// for Laneway, and warms it up the same way.
+// unless lwepp failed) and connects to it as run does to Laneway.
 func spawnLWEPP(ctx context.Context, f *flags) (*picker, func(), error) {
 	dir, err := os.MkdirTemp("", "loadgen-lwepp-")
 	if err != nil {
@@ -141,11 +97,7 @@ func spawnLWEPP(ctx context.Context, f *flags) (*picker, func(), error) {
 		load.RemoveLWEPPBinary()
 		return nil, nil, fmt.Errorf("spawn lwepp: %w (lwepp log in %s)", err, logPath)
 	}
-	var conns []*grpc.ClientConn
 	cleanup := func() {
-		for _, c := range conns {
-			c.Close()
-		}
 		err := p.Stop(30 * time.Second)
 		load.RemoveLWEPPBinary()
 		if err != nil {
@@ -157,57 +109,12 @@ func spawnLWEPP(ctx context.Context, f *flags) (*picker, func(), error) {
 	fmt.Fprintf(os.Stderr, "loadgen: spawned lwepp pid %d, ext_proc %s (tls %v), routing to %s; log %s\n",
 		p.Cmd.Process.Pid, p.GRPCAddr, f.tls, p.Endpoint, logPath)
 
-	r := &load.Runner{PickerCPU: p.CPU()}
-	creds := insecure.NewCredentials()
-	if f.tls {
-		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // lwepp serves a self-signed certificate
+	ref, closeConns, err := connect(ctx, f, "lwepp", lweppLabel(), p.GRPCAddr, p.CPU())
+	if err != nil {
+		cleanup()
+		return nil, nil, err
 	}
-	for i := 0; i < f.conns; i++ {
-		// The same windows as run gives Laneway's connections.
-		conn, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(creds),
-			grpc.WithInitialWindowSize(1<<24), grpc.WithInitialConnWindowSize(1<<28))
-		if err != nil {
-			cleanup()
-			return nil, nil, fmt.Errorf("dial lwepp %s: %w", p.GRPCAddr, err)
-		}
-		conns = append(conns, conn)
-		r.Clients = append(r.Clients, extprocclient.New(conn, extprocclient.Options{}))
-	}
-	if f.warmup > 0 {
-		res, err := r.RunClosed(ctx, load.Config{Concurrency: 8, Duration: f.warmup, PromptTokens: f.tokens})
-		if err == nil && res.Routed == 0 {
-			err = fmt.Errorf("routed nothing: %s", res.String())
-		}
-		if err != nil {
-			cleanup()
-			return nil, nil, fmt.Errorf("lwepp warm-up: %w", err)
-		}
-	}
-	return &picker{"lwepp", lweppLabel(), r, p.GRPCAddr}, cleanup, nil
-}
-
-// reportSide prints one result under its picker's label, as run's report
-// does.
-func reportSide(f *flags, p *picker, res *load.Result) error {
-	if f.jsonOut {
-		b, err := json.Marshal(struct {
-			Picker string
-			Label  string
-			Result *load.Result
-		}{p.name, p.label, res})
-		if err != nil {
-			return fmt.Errorf("encode %s result: %w", p.label, err)
-		}
-		fmt.Println(string(b))
-		return nil
-	}
-	client := f.client
-	if f.mode == "closed" {
-		client = "grpc"
-	}
-	fmt.Printf("[picker=%s client=%s tls=%v conns=%d prompt_tokens=%d load_gomaxprocs=%d epp_gomaxprocs=%s]\n%s\n",
-		p.label, client, f.tls, f.conns, f.tokens, runtime.GOMAXPROCS(0), eppProcsLabel(f), res.String())
-	return nil
+	return ref, func() { closeConns(); cleanup() }, nil
 }
 
 // compareLine sums up a laneway, lwepp, laneway triple on one line.

@@ -168,31 +168,11 @@ func run(ctx context.Context, f *flags) error {
 		}
 	}
 
-	creds := insecure.NewCredentials()
-	if f.tls {
-		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // pickers serve self-signed certificates
+	lane, closeConns, err := connect(ctx, f, "laneway", "", addr, r.PickerCPU)
+	if err != nil {
+		return err
 	}
-	for i := 0; i < f.conns; i++ {
-		// Large static windows, as Envoy grants by default (256 MiB), and no
-		// BDP pings the gateway would not send either.
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
-			grpc.WithInitialWindowSize(1<<24), grpc.WithInitialConnWindowSize(1<<28))
-		if err != nil {
-			return fmt.Errorf("dial %s: %w", addr, err)
-		}
-		defer conn.Close()
-		r.Clients = append(r.Clients, extprocclient.New(conn, extprocclient.Options{}))
-	}
-
-	if f.warmup > 0 {
-		res, err := r.RunClosed(ctx, load.Config{Concurrency: 8, Duration: f.warmup, PromptTokens: f.tokens})
-		if err != nil {
-			return fmt.Errorf("warm-up: %w", err)
-		}
-		if res.Routed == 0 {
-			return fmt.Errorf("warm-up routed nothing: %s", res.String())
-		}
-	}
+	defer closeConns()
 
 	if f.trace != "" {
 		tf, err := os.Create(f.trace)
@@ -200,59 +180,135 @@ func run(ctx context.Context, f *flags) error {
 			return fmt.Errorf("--trace: %w", err)
 		}
 		defer tf.Close()
-		r.Trace = tf
+		lane.r.Trace = tf
 	}
 
-	report := func(res load.Result) error {
-		if f.jsonOut {
-			b, err := json.Marshal(res)
-			if err != nil {
-				return fmt.Errorf("encode result: %w", err)
-			}
-			fmt.Println(string(b))
-			return nil
-		}
-		client := f.client
-		if f.mode == "closed" {
-			client = "grpc"
-		}
-		fmt.Printf("[client=%s tls=%v conns=%d prompt_tokens=%d load_gomaxprocs=%d epp_gomaxprocs=%s]\n%s\n",
-			client, f.tls, f.conns, f.tokens, runtime.GOMAXPROCS(0), eppProcsLabel(f), res.String())
-		return nil
-	}
 	cfg := load.Config{Rate: f.rate, Hold: f.hold, Duration: f.duration, ConcurrencyCap: f.capN, PromptTokens: f.tokens}
 	if lw.compare {
 		// Side by side with the upstream reference picker (lwepp.go).
-		return compareLWEPP(ctx, f, r, addr, cfg, levels)
+		return compareLWEPP(ctx, f, lane, cfg, levels)
 	}
-	if f.mode == "open" && f.client == "h2" {
-		h2 := &load.H2Runner{Addr: addr, Conns: f.conns, PickerCPU: r.PickerCPU, Trace: r.Trace}
+	for _, c := range runConfigs(f, cfg, levels) {
+		res, err := lane.run(ctx, f, c)
+		if err != nil {
+			return err
+		}
+		if err := report(f, lane, &res); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// picker is one picker under test: the gRPC runner (warm-up, closed loop,
+// --client grpc) and the ext_proc address for the open loop's event-driven
+// HTTP/2 client (--client h2). label is printed with each result when not
+// empty.
+type picker struct {
+	name, label string
+	r           *load.Runner
+	addr        string
+}
+
+// connect dials f.conns gateway clients to addr and warms the picker up
+// with a short closed loop. The returned func closes the connections.
+func connect(ctx context.Context, f *flags, name, label, addr string, cpu load.CPUSampler) (*picker, func(), error) {
+	r := &load.Runner{PickerCPU: cpu}
+	creds := insecure.NewCredentials()
+	if f.tls {
+		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // pickers serve self-signed certificates
+	}
+	var conns []*grpc.ClientConn
+	closeAll := func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	for i := 0; i < f.conns; i++ {
+		// Large static windows, as Envoy grants by default (256 MiB), and no
+		// BDP pings the gateway would not send either.
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
+			grpc.WithInitialWindowSize(1<<24), grpc.WithInitialConnWindowSize(1<<28))
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("dial %s %s: %w", name, addr, err)
+		}
+		conns = append(conns, conn)
+		r.Clients = append(r.Clients, extprocclient.New(conn, extprocclient.Options{}))
+	}
+	if f.warmup > 0 {
+		res, err := r.RunClosed(ctx, load.Config{Concurrency: 8, Duration: f.warmup, PromptTokens: f.tokens})
+		if err == nil && res.Routed == 0 {
+			err = fmt.Errorf("routed nothing: %s", res.String())
+		}
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("%s warm-up: %w", name, err)
+		}
+	}
+	return &picker{name: name, label: label, r: r, addr: addr}, closeAll, nil
+}
+
+// runConfigs is the mode's runs: one open loop, or one closed loop per
+// concurrency level.
+func runConfigs(f *flags, cfg load.Config, levels []int) []load.Config {
+	if f.mode == "open" {
+		return []load.Config{cfg}
+	}
+	cfgs := make([]load.Config, 0, len(levels))
+	for _, n := range levels {
+		c := cfg
+		c.Concurrency = n
+		cfgs = append(cfgs, c)
+	}
+	return cfgs
+}
+
+// run measures one run of cfg against p with the client the flags choose.
+func (p *picker) run(ctx context.Context, f *flags, cfg load.Config) (load.Result, error) {
+	switch {
+	case f.mode == "closed":
+		return p.r.RunClosed(ctx, cfg)
+	case f.client == "h2":
+		h2 := &load.H2Runner{Addr: p.addr, Conns: f.conns, PickerCPU: p.r.PickerCPU, Trace: p.r.Trace}
 		if f.tls {
 			h2.TLS = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // pickers serve self-signed certificates
 		}
-		res, err := h2.RunOpen(ctx, cfg)
-		if err != nil {
-			return err
-		}
-		return report(res)
+		return h2.RunOpen(ctx, cfg)
+	default:
+		return p.r.RunOpen(ctx, cfg)
 	}
-	if f.mode == "open" {
-		res, err := r.RunOpen(ctx, cfg)
+}
+
+// report prints one result: a header line with the run's settings (and
+// the picker's label, when comparing) and the result, or one JSON line.
+func report(f *flags, p *picker, res *load.Result) error {
+	if f.jsonOut {
+		var v any = res
+		if p.label != "" {
+			v = struct {
+				Picker string
+				Label  string
+				Result *load.Result
+			}{p.name, p.label, res}
+		}
+		b, err := json.Marshal(v)
 		if err != nil {
-			return err
+			return fmt.Errorf("encode result: %w", err)
 		}
-		return report(res)
+		fmt.Println(string(b))
+		return nil
 	}
-	for _, n := range levels {
-		cfg.Concurrency = n
-		res, err := r.RunClosed(ctx, cfg)
-		if err != nil {
-			return err
-		}
-		if err := report(res); err != nil {
-			return err
-		}
+	client := f.client
+	if f.mode == "closed" {
+		client = "grpc"
 	}
+	picker := ""
+	if p.label != "" {
+		picker = "picker=" + p.label + " "
+	}
+	fmt.Printf("[%sclient=%s tls=%v conns=%d prompt_tokens=%d load_gomaxprocs=%d epp_gomaxprocs=%s]\n%s\n",
+		picker, client, f.tls, f.conns, f.tokens, runtime.GOMAXPROCS(0), eppProcsLabel(f), res.String())
 	return nil
 }
 
