@@ -17,6 +17,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -375,6 +376,45 @@ func TestChartEPPDeployment(t *testing.T) {
 		if dep.Spec.Template.Labels[k] != v {
 			t.Errorf("Service selector %v does not select the picker's pods %v", svc.Spec.Selector, dep.Spec.Template.Labels)
 		}
+	}
+}
+
+// TestChartEPPGOMAXPROCS: by default the picker's GOMAXPROCS comes from its
+// CPU request (rounded up by the downward API); a GOMAXPROCS in extraEnv
+// replaces it rather than adding a second entry; the value can turn it off.
+func TestChartEPPGOMAXPROCS(t *testing.T) {
+	sets := ciValueSets(t)
+	tests := []struct {
+		name       string
+		files      []string
+		set        []string
+		deployment string          // "" is lw-laneway
+		want       []corev1.EnvVar // the GOMAXPROCS entries
+	}{
+		{name: "default", want: []corev1.EnvVar{{Name: "GOMAXPROCS", ValueFrom: &corev1.EnvVarSource{
+			ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "requests.cpu", Divisor: resource.MustParse("1")},
+		}}}},
+		{name: "extraEnv wins", files: []string{sets["full"]}, deployment: "laneway-full", want: []corev1.EnvVar{{Name: "GOMAXPROCS", Value: "2"}}},
+		{name: "off", set: []string{"epp.gomaxprocsFromCPURequest=false"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, renderArgs{release: "lw", namespace: "pool-ns", valuesFiles: tc.files, set: tc.set})
+			name := tc.deployment
+			if name == "" {
+				name = "lw-laneway"
+			}
+			dep := fromUnstructured[appsv1.Deployment](t, mustFind(t, objs, "Deployment", name))
+			var got []corev1.EnvVar
+			for _, e := range dep.Spec.Template.Spec.Containers[0].Env {
+				if e.Name == "GOMAXPROCS" {
+					got = append(got, e)
+				}
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("GOMAXPROCS env %+v, want %+v", got, tc.want)
+			}
+		})
 	}
 }
 
