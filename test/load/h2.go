@@ -53,6 +53,9 @@ func (h *h2Run) decided(tag int, d h2client.Decision) {
 	s := h.s
 	s.mu.Lock()
 	s.lat = append(s.lat, d.Latency)
+	if d.Wire > 0 {
+		s.wire = append(s.wire, d.Wire)
+	}
 	if h.begin != nil {
 		s.trace = append(s.trace, tracePoint{h.begin[tag], d.Latency})
 	}
@@ -99,7 +102,7 @@ func (r *H2Runner) RunOpen(ctx context.Context, cfg Config) (Result, error) {
 	}()
 	for range r.Conns {
 		c, err := h2client.Dial(ctx, r.Addr, h2client.Options{
-			Plan: plan, Hold: cfg.Hold, TLS: r.TLS, OnDecision: run.decided, OnDone: run.done,
+			Plan: plan, Hold: cfg.Hold, TLS: r.TLS, OnDecision: run.decided, OnDone: run.done, WireStamps: true,
 		})
 		if err != nil {
 			return Result{}, err

@@ -98,6 +98,11 @@ type Result struct {
 	// Latency is the decision latency distribution of every answered
 	// request.
 	Latency Summary
+	// Wire is the same decisions' latency to the kernel's receive
+	// timestamp of the answer (h2 driver on Linux; N 0 otherwise): what the
+	// picker and the loopback hop took, without the load tool waking up to
+	// read it.
+	Wire Summary
 	// Elapsed is from the first arrival to the last stream's end.
 	Elapsed time.Duration
 	// DecisionsPerSec is answered requests per second of the arrival
@@ -174,6 +179,7 @@ type Runner struct {
 type stats struct {
 	mu        sync.Mutex
 	lat       []time.Duration
+	wire      []time.Duration
 	routed    int
 	immediate int
 	errs      int
@@ -297,6 +303,7 @@ func (r *Runner) finish(res *Result, s *stats, cpu0 float64, cpuOK bool, self0 f
 	res.ByStatus = s.byStatus
 	res.FirstErrors = s.firstErrs
 	res.Latency = Summarize(s.lat)
+	res.Wire = Summarize(s.wire)
 	res.PeakOpen = int(s.peak.Load())
 	if cpu1, ok := r.sampleCPU(); ok && cpuOK {
 		res.HasPickerCPU = true
@@ -459,7 +466,12 @@ func (res *Result) String() string {
 		fmt.Sprintf("  requests: %d started, %d routed, %d answered directly %v, %d errors, %d skipped at the concurrency cap\n",
 			res.Started, res.Routed, res.Immediate, res.ByStatus, res.Errors, res.Skipped) +
 		fmt.Sprintf("  decision latency: p50 %s  p90 %s  p99 %s  max %s  (mean %s, n=%d)\n",
-			ms(res.Latency.P50), ms(res.Latency.P90), ms(res.Latency.P99), ms(res.Latency.Max), ms(res.Latency.Mean), res.Latency.N) +
+			ms(res.Latency.P50), ms(res.Latency.P90), ms(res.Latency.P99), ms(res.Latency.Max), ms(res.Latency.Mean), res.Latency.N)
+	if res.Wire.N > 0 {
+		out += fmt.Sprintf("  on the wire:      p50 %s  p90 %s  p99 %s  max %s  (mean %s, n=%d; to the kernel's receive timestamp)\n",
+			ms(res.Wire.P50), ms(res.Wire.P90), ms(res.Wire.P99), ms(res.Wire.Max), ms(res.Wire.Mean), res.Wire.N)
+	}
+	out +=
 		fmt.Sprintf("  decisions/s %.1f; peak open streams %d; elapsed %s", res.DecisionsPerSec, res.PeakOpen, res.Elapsed.Round(time.Millisecond))
 	if res.Mode == "open" {
 		out += fmt.Sprintf("; max schedule lag %s", ms(res.MaxLag))

@@ -42,6 +42,11 @@ type Decision struct {
 	// Status is 0 for a routed request, otherwise the HTTP status of the
 	// immediate response.
 	Status int
+	// Wire, with Options.WireStamps, is the latency to the kernel's receive
+	// timestamp of the answer instead of to the reader handling it: the
+	// picker and the loopback hop without the load tool's own wake-up. It is
+	// an upper bound of that time (see rxStampConn); 0 when not measured.
+	Wire time.Duration
 }
 
 // Options configure a connection.
@@ -59,6 +64,9 @@ type Options struct {
 	// on Close's) and must be quick; they may call Start.
 	OnDecision func(tag int, d Decision)
 	OnDone     func(tag int, err error)
+	// WireStamps asks the kernel for receive timestamps (Linux) so every
+	// Decision also carries Wire.
+	WireStamps bool
 }
 
 // stream states, in protocol order.
@@ -99,7 +107,8 @@ type Conn struct {
 	nc    net.Conn
 	opts  Options
 	epoch time.Time
-	block []byte // the request HEADERS block, the same for every stream
+	rx    *rxStampConn // nil without Options.WireStamps
+	block []byte       // the request HEADERS block, the same for every stream
 
 	mu         sync.Mutex // guards everything below, and wfr
 	wfr        *http2.Framer
@@ -152,6 +161,16 @@ func Dial(ctx context.Context, addr string, o Options) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
+	var rx *rxStampConn
+	if tc, ok := nc.(*net.TCPConn); ok && o.WireStamps {
+		if rx, err = newRxStampConn(tc); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("receive timestamps on %s: %w", addr, err)
+		}
+		if rx != nil {
+			nc = rx
+		}
+	}
 	scheme := "http"
 	if o.TLS != nil {
 		cfg := o.TLS.Clone()
@@ -167,11 +186,8 @@ func Dial(ctx context.Context, addr string, o Options) (*Conn, error) {
 		}
 		nc, scheme = tc, "https"
 	}
-	if tc, ok := nc.(*net.TCPConn); ok {
-		_ = tc.SetNoDelay(true) // the default; stated because batching is ours
-	}
 	c := &Conn{
-		nc: nc, opts: o, epoch: time.Now(),
+		nc: nc, opts: o, epoch: time.Now(), rx: rx,
 		streams: map[uint32]*stream{}, nextID: 1,
 		connWin: defaultWindow, peerWin: defaultWindow, maxFrame: defaultMaxFrame, maxStreams: 1<<31 - 1,
 		wake: make(chan struct{}, 1), holdWake: make(chan struct{}, 1), done: make(chan struct{}),
@@ -650,7 +666,15 @@ func (c *Conn) decided(s *stream, status int) {
 	if from == 0 {
 		from = s.startedAt // answered before the request went out whole
 	}
-	c.events = append(c.events, event{tag: s.tag, decision: true, d: Decision{Latency: c.now() - from, Status: status}})
+	d := Decision{Latency: c.now() - from, Status: status}
+	if c.rx != nil {
+		if at := c.rx.last.Load(); at != 0 {
+			// The kernel stamps with the wall clock, Latency is monotonic:
+			// keep Wire within (0, Latency] should the two drift apart.
+			d.Wire = min(max(time.Duration(at-c.epoch.UnixNano())-from, 1), d.Latency)
+		}
+	}
+	c.events = append(c.events, event{tag: s.tag, decision: true, d: d})
 }
 
 // onHeaders takes the response headers or the trailers of s.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -155,7 +156,7 @@ func (r *recorder) wait(t *testing.T) {
 
 func dial(t *testing.T, addr string, plan *Plan, hold time.Duration, r *recorder) *Conn {
 	t.Helper()
-	c, err := Dial(context.Background(), addr, Options{Plan: plan, Hold: hold, OnDecision: r.decided, OnDone: r.finished})
+	c, err := Dial(context.Background(), addr, Options{Plan: plan, Hold: hold, OnDecision: r.decided, OnDone: r.finished, WireStamps: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,6 +220,9 @@ func TestExchanges(t *testing.T) {
 					t.Errorf("stream %d: no decision", i)
 				case decided && (d.Status != tc.status || d.Latency <= 0):
 					t.Errorf("stream %d: decision %+v, want status %d and a latency", i, d, tc.status)
+				case decided && runtime.GOOS == "linux" && (d.Wire <= 0 || d.Wire > d.Latency):
+					// The answer was in the kernel before the reader had it.
+					t.Errorf("stream %d: decision %+v, want 0 < Wire <= Latency", i, d)
 				}
 				err := r.done[i]
 				if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {

@@ -1,0 +1,85 @@
+//go:build linux
+
+package h2client
+
+import (
+	"encoding/binary"
+	"io"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// rxStampConn reads a TCP connection with recvmsg and keeps the kernel's
+// receive timestamp (SO_TIMESTAMPNS, CLOCK_REALTIME) of the newest segment
+// each read returned. A frame parsed after a read arrived no later than that
+// read's timestamp, so latency taken to it is an upper bound of the time the
+// answer was on the wire, without the load tool's own wake-up and queueing.
+type rxStampConn struct {
+	*net.TCPConn
+	rc   syscall.RawConn
+	oob  []byte
+	last atomic.Int64 // Unix ns of the newest received segment
+}
+
+func newRxStampConn(tc *net.TCPConn) (*rxStampConn, error) {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_TIMESTAMPNS, 1)
+	}); err != nil {
+		return nil, err
+	}
+	if serr != nil {
+		return nil, serr
+	}
+	return &rxStampConn{TCPConn: tc, rc: rc, oob: make([]byte, syscall.CmsgSpace(16))}, nil
+}
+
+func (c *rxStampConn) Read(p []byte) (int, error) {
+	var n, oobn int
+	var rerr error
+	err := c.rc.Read(func(fd uintptr) bool {
+		n, oobn, _, _, rerr = syscall.Recvmsg(int(fd), p, c.oob, 0)
+		return rerr != syscall.EAGAIN
+	})
+	if err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 && len(p) > 0 {
+		return 0, io.EOF
+	}
+	if ts := parseTimestampNS(c.oob[:oobn]); ts != 0 {
+		c.last.Store(ts)
+	}
+	return n, nil
+}
+
+// parseTimestampNS finds SCM_TIMESTAMPNS in a control buffer without
+// allocating.
+func parseTimestampNS(b []byte) int64 {
+	hdr := int(unsafe.Sizeof(syscall.Cmsghdr{}))
+	for len(b) >= hdr {
+		h := (*syscall.Cmsghdr)(unsafe.Pointer(&b[0]))
+		l := int(h.Len)
+		if l < hdr || l > len(b) {
+			return 0
+		}
+		if h.Level == syscall.SOL_SOCKET && h.Type == syscall.SCM_TIMESTAMPNS && l >= hdr+16 {
+			d := b[syscall.CmsgLen(0):]
+			sec := int64(binary.NativeEndian.Uint64(d[0:8]))
+			nsec := int64(binary.NativeEndian.Uint64(d[8:16]))
+			return sec*int64(time.Second) + nsec
+		}
+		b = b[min(syscall.CmsgSpace(l-syscall.CmsgLen(0)), len(b)):]
+	}
+	return 0
+}
