@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -47,40 +46,6 @@ func lweppLabel() string {
 	return fmt.Sprintf("lwepp (args %s)", strings.Join(lw.args, " "))
 }
 
-// compareLWEPP spawns lwepp next to the spawned Laneway (lane) and, for
-// every run of the mode (one open loop, or
-// each closed-loop level), measures Laneway, then lwepp, then Laneway
-// again: alternating keeps the machine's drift from favouring either.
-func compareLWEPP(ctx context.Context, f *flags, lane *picker, cfg load.Config, levels []int) error {
-	if !f.spawn || spawnedEndpoint == "" {
-		return errors.New("--compare-lwepp needs --spawn (lwepp must route to the spawned idle endpoint)")
-	}
-	ref, stop, err := spawnLWEPP(ctx, f)
-	if err != nil {
-		return err
-	}
-	defer stop()
-
-	first, second := *lane, *lane
-	first.label, second.label = "laneway (run 1 of 2)", "laneway (run 2 of 2)"
-	sides := []*picker{&first, ref, &second}
-	for _, c := range runConfigs(f, cfg, levels) {
-		var res [3]load.Result
-		for i, p := range sides {
-			if res[i], err = p.run(ctx, f, c); err != nil {
-				return fmt.Errorf("%s: %w", p.label, err)
-			}
-			if err := report(f, p, &res[i]); err != nil {
-				return err
-			}
-		}
-		if !f.jsonOut {
-			fmt.Println(compareLine(res))
-		}
-	}
-	return nil
-}
-
 // spawnLWEPP starts lwepp with its log in a temp dir (removed at clean-up
 // unless lwepp failed) and connects to it as run does to Laneway.
 func spawnLWEPP(ctx context.Context, f *flags) (*picker, func(), error) {
@@ -115,19 +80,4 @@ func spawnLWEPP(ctx context.Context, f *flags) (*picker, func(), error) {
 		return nil, nil, err
 	}
 	return ref, func() { closeConns(); cleanup() }, nil
-}
-
-// compareLine sums up a laneway, lwepp, laneway triple on one line.
-func compareLine(res [3]load.Result) string {
-	ms := func(d time.Duration) string { return fmt.Sprintf("%.3f", float64(d)/float64(time.Millisecond)) }
-	cpu := func(r *load.Result) string {
-		if !r.HasPickerCPU {
-			return "n/a"
-		}
-		return fmt.Sprintf("%.4f", r.PickerCPUPer1000)
-	}
-	a, b, c := &res[0], &res[1], &res[2]
-	return fmt.Sprintf("COMPARE  laneway p50 %s/%s p99 %s/%s max %s/%s ms, CPU %s/%s s per 1,000  |  lwepp p50 %s p99 %s max %s ms, CPU %s s per 1,000  (errors %d/%d/%d)\n",
-		ms(a.Latency.P50), ms(c.Latency.P50), ms(a.Latency.P99), ms(c.Latency.P99), ms(a.Latency.Max), ms(c.Latency.Max), cpu(a), cpu(c),
-		ms(b.Latency.P50), ms(b.Latency.P99), ms(b.Latency.Max), cpu(b), a.Errors, b.Errors, c.Errors)
 }

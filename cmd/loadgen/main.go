@@ -64,9 +64,11 @@ type flags struct {
 	cpuProfile  string
 	procs       int
 	eppProcs    int
+	floor       bool
 }
 
 func main() {
+	maybeServeFloor()
 	var f flags
 	fs := pflag.NewFlagSet("loadgen", pflag.ExitOnError)
 	fs.StringVar(&f.epp, "epp", "", "ext_proc address of the picker (host:port); not with --spawn")
@@ -88,6 +90,9 @@ func main() {
 	fs.BoolVar(&f.jsonOut, "json", false, "print each result as one JSON line")
 	fs.StringVar(&f.trace, "trace", "", "write every request's start time and decision latency to this file")
 	lw.register(fs)
+	fs.BoolVar(&f.floor, "compare-floor", false,
+		"with --spawn: also start a grpc-go ext_proc server that only answers (same transport options, same endpoint; this machine's transport floor) "+
+			"and measure laneway, floor, laneway again for every run: Laneway's latency above the floor is what its own work adds")
 	fs.IntVar(&f.procs, "procs", 1, "GOMAXPROCS of the load tool itself; 1 keeps its Go scheduler from spinning on the cores the picker needs (0: Go's default)")
 	fs.IntVar(&f.eppProcs, "epp-gomaxprocs", 0, "with --spawn: GOMAXPROCS of the spawned picker(s), as a container CPU limit would set it (0: the picker's default, one per core)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write the load tool's own CPU profile to this file (to keep the tool out of the tail it measures)")
@@ -184,9 +189,8 @@ func run(ctx context.Context, f *flags) error {
 	}
 
 	cfg := load.Config{Rate: f.rate, Hold: f.hold, Duration: f.duration, ConcurrencyCap: f.capN, PromptTokens: f.tokens}
-	if lw.compare {
-		// Side by side with the upstream reference picker (lwepp.go).
-		return compareLWEPP(ctx, f, lane, cfg, levels)
+	if lw.compare || f.floor {
+		return compare(ctx, f, lane, cfg, levels)
 	}
 	for _, c := range runConfigs(f, cfg, levels) {
 		res, err := lane.run(ctx, f, c)
