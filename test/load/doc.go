@@ -23,6 +23,16 @@
 //     soon as its previous one ends. It measures throughput; its latency is
 //     N / throughput by Little's law and is labelled as closed-loop.
 //
+// Two references make a figure from a shared machine mean something:
+//
+//   - Result.Wire (h2 driver, Linux) times each decision to the kernel's
+//     receive timestamp of the answer as well as to the reader handling it,
+//     so the load tool's own wake-up can be told apart from the picker's.
+//   - FloorProcessor is an ext_proc server that only answers, on the
+//     picker's transport options: measured in the same minutes
+//     (loadgen --compare-floor), Laneway's latency above it is what its own
+//     work adds.
+//
 // Spawn builds and starts a picker subprocess for self-contained runs, and
 // CPU samplers read a process's CPU time from /proc or from the picker's
 // process_cpu_seconds_total metric. cmd/loadgen is the command around this
