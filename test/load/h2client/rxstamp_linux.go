@@ -3,12 +3,10 @@
 package h2client
 
 import (
-	"encoding/binary"
 	"io"
 	"net"
 	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 )
 
@@ -38,7 +36,7 @@ func newRxStampConn(tc *net.TCPConn) (*rxStampConn, error) {
 	if serr != nil {
 		return nil, serr
 	}
-	return &rxStampConn{TCPConn: tc, rc: rc, oob: make([]byte, syscall.CmsgSpace(16))}, nil
+	return &rxStampConn{TCPConn: tc, rc: rc, oob: make([]byte, syscall.CmsgSpace(timespecLen))}, nil
 }
 
 func (c *rxStampConn) Read(p []byte) (int, error) {
@@ -63,8 +61,12 @@ func (c *rxStampConn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// timespecLen is the size of SCM_TIMESTAMPNS's payload, a struct timespec
+// of the platform's width.
+const timespecLen = int(unsafe.Sizeof(syscall.Timespec{}))
+
 // parseTimestampNS finds SCM_TIMESTAMPNS in a control buffer without
-// allocating.
+// allocating and returns it in Unix nanoseconds, or 0.
 func parseTimestampNS(b []byte) int64 {
 	hdr := int(unsafe.Sizeof(syscall.Cmsghdr{}))
 	for len(b) >= hdr {
@@ -73,11 +75,10 @@ func parseTimestampNS(b []byte) int64 {
 		if l < hdr || l > len(b) {
 			return 0
 		}
-		if h.Level == syscall.SOL_SOCKET && h.Type == syscall.SCM_TIMESTAMPNS && l >= hdr+16 {
-			d := b[syscall.CmsgLen(0):]
-			sec := int64(binary.NativeEndian.Uint64(d[0:8]))
-			nsec := int64(binary.NativeEndian.Uint64(d[8:16]))
-			return sec*int64(time.Second) + nsec
+		if h.Level == syscall.SOL_SOCKET && h.Type == syscall.SCM_TIMESTAMPNS && l >= syscall.CmsgLen(timespecLen) {
+			var ts syscall.Timespec
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&ts)), timespecLen), b[syscall.CmsgLen(0):])
+			return ts.Nano()
 		}
 		b = b[min(syscall.CmsgSpace(l-syscall.CmsgLen(0)), len(b)):]
 	}
