@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -36,12 +37,11 @@ func maybeServeFloor() {
 	var addr, endpoint string
 	secure := false
 	for _, a := range os.Args[1:] {
-		switch {
-		case len(a) > len(serveFloorArg)+1 && a[:len(serveFloorArg)+1] == serveFloorArg+"=":
-			addr = a[len(serveFloorArg)+1:]
-		case len(a) > len(floorEndArg)+1 && a[:len(floorEndArg)+1] == floorEndArg+"=":
-			endpoint = a[len(floorEndArg)+1:]
-		case a == floorTLSArg:
+		if v, ok := strings.CutPrefix(a, serveFloorArg+"="); ok {
+			addr = v
+		} else if v, ok := strings.CutPrefix(a, floorEndArg+"="); ok {
+			endpoint = v
+		} else if a == floorTLSArg {
 			secure = true
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,6 +95,9 @@ func TestH2RunnerAgainstFloor(t *testing.T) {
 			}
 			if res.Wire.N != res.Latency.N || res.Wire.P50 <= 0 || res.Wire.P50 > res.Latency.P50 || res.Wire.Max > res.Latency.Max {
 				t.Errorf("wire %+v against latency %+v: want every decision timed, none later than the reader", res.Wire, res.Latency)
+			}
+			if !strings.Contains(res.String(), "on the wire:") {
+				t.Errorf("report lacks the wire line:\n%s", res.String())
 			}
 		})
 	}
