@@ -76,7 +76,7 @@ func compareLine(sides []*picker, res []load.Result) string {
 		r := &res[i]
 		fmt.Fprintf(&b, "  |  %s p50 %s p99 %s max %s ms, CPU %s s per 1,000",
 			sides[i].name, ms(r.Latency.P50), ms(r.Latency.P99), ms(r.Latency.Max), cpu(r))
-		if sides[i].name == "floor" {
+		if sides[i].name == floorName {
 			fmt.Fprintf(&b, "  |  laneway above the floor: p50 %+.3f p99 %+.3f ms",
 				ms64((a.Latency.P50+c.Latency.P50)/2-r.Latency.P50), ms64((a.Latency.P99+c.Latency.P99)/2-r.Latency.P99))
 		}

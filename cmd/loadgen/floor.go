@@ -26,7 +26,9 @@ const (
 	floorEndArg   = "--serve-floor-endpoint" // =ip:port the floor picks
 )
 
-// floorLabel names the floor's results.
+// floorName and floorLabel name the floor's results.
+const floorName = "floor"
+
 const floorLabel = "floor (grpc-go ext_proc server that only answers; this machine's transport floor)"
 
 // maybeServeFloor serves the floor and exits when loadgen was started as
@@ -91,7 +93,7 @@ func spawnFloor(ctx context.Context, f *flags) (*picker, func(), error) {
 		args = append(args, floorTLSArg)
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // self-signed, loopback
 	}
-	p, err := testproc.Start(testproc.Options{Name: "floor", Bin: self, Args: args, LogLimit: 64 << 10})
+	p, err := testproc.Start(testproc.Options{Name: floorName, Bin: self, Args: args, LogLimit: 64 << 10})
 	if err != nil {
 		return nil, nil, fmt.Errorf("floor: %w", err)
 	}
@@ -106,7 +108,7 @@ func spawnFloor(ctx context.Context, f *flags) (*picker, func(), error) {
 	}
 	fmt.Fprintf(os.Stderr, "loadgen: spawned floor pid %d, ext_proc %s (tls %v), routing to %s\n",
 		p.Cmd.Process.Pid, addr, f.tls, spawnedEndpoint)
-	ref, closeConns, err := connect(ctx, f, "floor", floorLabel, addr, load.ProcCPU(p.Cmd.Process.Pid))
+	ref, closeConns, err := connect(ctx, f, floorName, floorLabel, addr, load.ProcCPU(p.Cmd.Process.Pid))
 	if err != nil {
 		stop()
 		return nil, nil, err

@@ -100,18 +100,8 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 		}
 		creds = append(creds, grpc.Creds(credentials.NewTLS(cfg)))
 	}
-	creds = append(creds,
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.MaxRecvMsgSize(opts.MaxBodyBytes+(1<<20)),
-		// Static flow-control windows turn off gRPC's BDP estimator, which
-		// otherwise answers incoming data with PING frames: on a gateway
-		// link carrying thousands of short streams that is one extra write
-		// and read per burst for nothing (measured: 4.9 -> 3.7 write
-		// syscalls per request at 1,000/s). Envoy itself grants large
-		// static windows, so the link is never window-bound either way.
-		grpc.InitialWindowSize(1<<20),
-		grpc.InitialConnWindowSize(1<<24),
-	)
+	creds = append(creds, grpc.MaxRecvMsgSize(opts.MaxBodyBytes+(1<<20)))
+	creds = append(creds, TransportOptions()...)
 	s.grpcSrv = grpc.NewServer(creds...)
 	notReady := ReasonNotReady
 	s.notServing.Store(&notReady) // health is set up below
@@ -262,6 +252,23 @@ func (s *Server) Run(ctx context.Context) error {
 // made at start. Gateways reach the picker through a Service and do not
 // verify it (as with the upstream picker); mount a real one with
 // --cert-path.
+// TransportOptions are the ext_proc server's HTTP/2 transport settings.
+// They are exported so the load tool's reference server (test/load's
+// floor) runs on exactly the picker's transport.
+func TransportOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		// Static flow-control windows turn off gRPC's BDP estimator, which
+		// otherwise answers incoming data with PING frames: on a gateway
+		// link carrying thousands of short streams that is one extra write
+		// and read per burst for nothing (measured: 4.9 -> 3.7 write
+		// syscalls per request at 1,000/s). Envoy itself grants large
+		// static windows, so the link is never window-bound either way.
+		grpc.InitialWindowSize(1 << 20),
+		grpc.InitialConnWindowSize(1 << 24),
+	}
+}
+
 func serverTLS(certPath string) (*tls.Config, error) {
 	if certPath == "" {
 		cert, err := tlsutil.SelfSigned()

@@ -3,7 +3,6 @@ package load
 import (
 	"errors"
 	"io"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -11,9 +10,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/laneway-dev/laneway/internal/epp"
 	"github.com/laneway-dev/laneway/internal/tlsutil"
 )
 
@@ -102,17 +101,12 @@ func streamedBack(b *extprocv3.HttpBody, request bool) *extprocv3.ProcessingResp
 }
 
 // NewFloorServer returns a gRPC server carrying a FloorProcessor for
-// endpoint, with the transport options the picker's ext_proc server uses
-// (static flow-control windows, the same keepalive policy) and, with
-// secure, TLS from a self-signed certificate as the picker's default. The
-// comparison is only fair if the transports match. Its gRPC health service
-// reports "" SERVING.
+// endpoint, on the picker's own transport options (epp.TransportOptions)
+// and, with secure, TLS from a self-signed certificate as the picker's
+// default: the comparison is only fair if the transports match. Its gRPC
+// health service reports "" SERVING.
 func NewFloorServer(endpoint string, secure bool) (*grpc.Server, error) {
-	opts := []grpc.ServerOption{
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.InitialWindowSize(1 << 20),
-		grpc.InitialConnWindowSize(1 << 24),
-	}
+	opts := epp.TransportOptions()
 	if secure {
 		cert, err := tlsutil.SelfSigned()
 		if err != nil {
