@@ -8,6 +8,7 @@ import (
 
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // twoClassPolicy is the premium/regular policy of SPEC §11 with the given
@@ -34,7 +35,7 @@ func twoClassPolicy(premiumQ, regularQ uint64, limit uint64) *Policy {
 
 func startDispatcher(t *testing.T, p *Policy, eps ...string) *Dispatcher {
 	t.Helper()
-	d, err := New(p, Options{MaxFallbacks: 1})
+	d, err := New(p, Options{Options: sched.Options{MaxFallbacks: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,12 +218,8 @@ func TestSettleTakesReleasesPostedMeanwhile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.setEndpoints(eps("127.0.0.2:8000"))
-	admit := func() *waiter {
-		w := &waiter{t: &Ticket{ClassHeader: "premium", RawISL: 512}, reply: make(chan result, 1), pinned: drr.NoEndpoint}
-		d.admit(w)
-		return w
-	}
+	d.core.SetEndpoints(d.now(), eps("127.0.0.2:8000"))
+	admit := func() *waiter { return stepAdmit(d, &Ticket{ClassHeader: "premium", RawISL: 512}) }
 	var grants []*Grant
 	for i := 0; i < 4; i++ {
 		r := <-admit().reply
@@ -232,8 +229,8 @@ func TestSettleTakesReleasesPostedMeanwhile(t *testing.T) {
 		grants = append(grants, r.g)
 	}
 	queued := admit()
-	if d.sched.Len() != 1 {
-		t.Fatalf("%d queued, want the fifth request queued behind the busy endpoint", d.sched.Len())
+	if d.core.Len() != 1 {
+		t.Fatalf("%d queued, want the fifth request queued behind the busy endpoint", d.core.Len())
 	}
 	grants[0].FirstByte() // hasQueue is still false: posted without a wake-up
 	select {
@@ -394,4 +391,52 @@ func TestPolicySwapKeepsQueuedRequests(t *testing.T) {
 			t.Fatalf("request %d: %v", i, r.err)
 		}
 	}
+}
+
+// TestReleaseTakenByAnotherCommandStillDrains is a lost wake-up the old
+// loop had, stepped by hand: a release the loop applied while handling a
+// command that does not dispatch (a snapshot) left the queued request
+// waiting although its endpoint was free, and the wake-up that release had
+// sent then found the mailbox empty. Every loop turn now ends in a drain.
+func TestReleaseTakenByAnotherCommandStillDrains(t *testing.T) {
+	d, err := New(twoClassPolicy(512, 128, 1024), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.core.SetEndpoints(d.now(), eps("127.0.0.2:8000"))
+	admit := func() *waiter { return stepAdmit(d, &Ticket{ClassHeader: "premium", RawISL: 512}) }
+	var grants []*Grant
+	for range 4 {
+		grants = append(grants, (<-admit().reply).g)
+	}
+	queued := admit()
+	d.settle()            // the loop publishes its queue
+	grants[0].FirstByte() // posted with a wake-up
+	// One loop turn that picked the snapshot command first:
+	var snap Snapshot
+	d.takeReleases()
+	d.handle(command{fn: func() { snap = d.core.Snapshot() }})
+	d.flush()
+	select {
+	case r := <-queued.reply:
+		if r.err != nil {
+			t.Fatalf("queued request answered %v, want a grant", r.err)
+		}
+		r.g.Done()
+	default:
+		t.Fatalf("queued request still waiting after its endpoint freed (snapshot saw %d queued)", snap.Queued)
+	}
+	for _, g := range grants {
+		g.Done()
+	}
+}
+
+// stepAdmit is one loop turn that admits t, for tests that step the loop
+// by hand instead of running it.
+func stepAdmit(d *Dispatcher, t *Ticket) *waiter {
+	w := &waiter{reply: make(chan result, 1)}
+	w.req.Reset(t, w)
+	d.handle(command{w: w})
+	d.flush()
+	return w
 }

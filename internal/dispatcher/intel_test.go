@@ -2,13 +2,13 @@ package dispatcher
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/laneway-dev/laneway/pkg/drr"
+	"github.com/laneway-dev/laneway/pkg/sched"
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
 	"github.com/laneway-dev/laneway/pkg/policy"
 	"github.com/laneway-dev/laneway/pkg/tokenize"
@@ -104,7 +104,7 @@ func eps(addrs ...string) []Endpoint {
 
 func TestPrefixSnapshotAndAffinity(t *testing.T) {
 	rec := &recordingPicker{inner: NewCostPicker(1, 1)}
-	d := startWith(t, oneClass(0), Options{Picker: rec, Prefix: &PrefixOptions{}},
+	d := startWith(t, oneClass(0), Options{Options: sched.Options{Picker: rec, Prefix: &PrefixOptions{}}},
 		eps("127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1")...)
 
 	first := promptTicket(1000, 1000, 1, 1, 16)
@@ -163,7 +163,7 @@ func TestPrefixSnapshotAndAffinity(t *testing.T) {
 // costs more than the prefill the cache saves.
 func TestPrefixAffinityYieldsToLoad(t *testing.T) {
 	start := func() *Dispatcher {
-		return startWith(t, oneClass(0), Options{Picker: NewCostPicker(1, 1), Prefix: &PrefixOptions{}},
+		return startWith(t, oneClass(0), Options{Options: sched.Options{Picker: NewCostPicker(1, 1), Prefix: &PrefixOptions{}}},
 			eps("127.0.0.2:1", "127.0.0.3:1")...)
 	}
 	repeat := func() *Ticket { return promptTicket(1600, 1600, 1, 1, 16) }
@@ -211,7 +211,7 @@ func TestCachedTokensPickTheBucket(t *testing.T) {
 		}
 		return 1
 	}
-	d := startWith(t, p, Options{Prefix: &PrefixOptions{}}, eps("127.0.0.2:1")...)
+	d := startWith(t, p, Options{Options: sched.Options{Prefix: &PrefixOptions{}}}, eps("127.0.0.2:1")...)
 	a := promptTicket(1000, 1000, 1, 1, 16)
 	mustAcquire(t, d, a).Done()
 	if a.Class != 1 {
@@ -226,7 +226,7 @@ func TestCachedTokensPickTheBucket(t *testing.T) {
 
 func TestStaleAndUnseenLoadHoldRequests(t *testing.T) {
 	ep := "127.0.0.2:1"
-	d := startWith(t, oneClass(1536), Options{ExpectMetrics: true}, eps(ep)...)
+	d := startWith(t, oneClass(1536), Options{Options: sched.Options{ExpectMetrics: true}}, eps(ep)...)
 	ctx := context.Background()
 
 	// Not scraped yet: busy, so a queueing class holds the request.
@@ -298,7 +298,7 @@ func TestStaleAndUnseenLoadHoldRequests(t *testing.T) {
 func TestStaleRankedLastAndCandidateLoad(t *testing.T) {
 	rec := &recordingPicker{inner: NewCostPicker(3, 1)}
 	a, b, c := "127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1"
-	d := startWith(t, oneClass(0), Options{Picker: rec, ExpectMetrics: true, MaxFallbacks: 2}, eps(a, b, c)...)
+	d := startWith(t, oneClass(0), Options{Options: sched.Options{Picker: rec, ExpectMetrics: true, MaxFallbacks: 2}}, eps(a, b, c)...)
 	full := podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks
 	d.SetEndpointMetrics(a, podmetrics.Metrics{Known: full, Running: 5, BlockSize: 16, NumBlocks: 1000}, false)
 	d.SetEndpointMetrics(b, podmetrics.Metrics{Known: full, BlockSize: 32, NumBlocks: 1000}, false)
@@ -334,7 +334,7 @@ func TestStaleRankedLastAndCandidateLoad(t *testing.T) {
 func TestOnEndpointsAndEngines(t *testing.T) {
 	var got [][]Endpoint
 	var mu sync.Mutex
-	d := startWith(t, oneClass(0), Options{DefaultEngine: policy.EngineSGLang, OnEndpoints: func(e []Endpoint) {
+	d := startWith(t, oneClass(0), Options{Options: sched.Options{DefaultEngine: policy.EngineSGLang}, OnEndpoints: func(e []Endpoint) {
 		mu.Lock()
 		got = append(got, e)
 		mu.Unlock()
@@ -354,47 +354,5 @@ func TestOnEndpointsAndEngines(t *testing.T) {
 			t.Errorf("grant on %s: engine %v, want %v", tc.addr, g.Engine, tc.want)
 		}
 		g.Done()
-	}
-}
-
-// BenchmarkDecision is the loop's whole work for one direct request of a
-// 32k-token prompt over 100 (and 1,000) endpoints: cost snapshot (prefix overlap on
-// every eligible endpoint), class resolution, busy test, offer, pick,
-// charge and index record, then release. Body parsing and hashing are not
-// included (pkg/tokenize and internal/epp measure them).
-func BenchmarkDecision(b *testing.B) {
-	for _, c := range []struct{ endpoints, holders int }{{100, 0}, {100, 1}, {100, 100}, {1000, 1}} {
-		holders := c.holders
-		b.Run(fmt.Sprintf("endpoints=%d/holders=%d", c.endpoints, holders), func(b *testing.B) {
-			d, err := New(oneClass(1<<40), Options{Picker: NewCostPicker(1, 1), Prefix: &PrefixOptions{}, MaxFallbacks: 0})
-			if err != nil {
-				b.Fatal(err)
-			}
-			var list []Endpoint
-			for i := range c.endpoints {
-				list = append(list, Endpoint{Addr: fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1), MaxBatchedTokens: 8192})
-			}
-			d.setEndpoints(list)
-			tk := promptTicket(32768, 32768, 1, 1, 16)
-			for i := range holders {
-				d.index.Record(int(d.live[i]), tk.Blocks[:len(tk.Blocks)*(i+1)/holders], 16, 0)
-			}
-			if holders == 0 {
-				tk = promptTicket(32768, 0, 0, 2, 16) // nothing of it anywhere
-			}
-			blocks := tk.Blocks
-			b.ReportAllocs()
-			b.ResetTimer()
-			for b.Loop() {
-				*tk = Ticket{RawISL: 32768, Blocks: blocks, BlockSize: 16}
-				w := &waiter{t: tk, reply: make(chan result, 1), pinned: drr.NoEndpoint}
-				d.admit(w)
-				r := <-w.reply
-				if r.err != nil {
-					b.Fatal(r.err)
-				}
-				d.finish(r.g)
-			}
-		})
 	}
 }

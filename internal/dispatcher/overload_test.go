@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // waitingPage is a scrape result with an engine queue of n requests.
@@ -22,7 +23,7 @@ func TestOverloadFilter(t *testing.T) {
 	const a, b = "127.0.0.2:8000", "127.0.0.3:8000"
 	// The threshold is high enough that the waiting requests, counted as
 	// unseen prefill, do not make an endpoint busy by themselves.
-	d := startWith(t, oneClass(100_000), Options{MaxEngineQueue: 5}, Endpoint{Addr: a}, Endpoint{Addr: b})
+	d := startWith(t, oneClass(100_000), Options{Options: sched.Options{MaxEngineQueue: 5}}, Endpoint{Addr: a}, Endpoint{Addr: b})
 	ctx := context.Background()
 
 	d.SetEndpointMetrics(a, waitingPage(6), false)

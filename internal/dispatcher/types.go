@@ -1,143 +1,68 @@
 package dispatcher
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
-	"github.com/laneway-dev/laneway/pkg/drr"
-	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
-// Policy is a compiled class table: the DRR classes, their busy rules (same
-// index) and the function that resolves a ticket to a class index. It is a
-// snapshot: the dispatcher never modifies it.
-type Policy struct {
-	Classes []drr.ClassConfig
-	Busy    []policy.BusyTest
-	// Resolve maps a ticket to an index of Classes. It runs on the loop
-	// goroutine, also for queued tickets when the policy changes, so it must
-	// be fast and must not block.
-	Resolve func(t *Ticket) int
-}
-
-// FromCompiled adapts a compiled policy: classes resolve by the ticket's
-// model, class header and uncached tokens (SPEC §2).
-func FromCompiled(c *policy.Compiled) *Policy {
-	return &Policy{
-		Classes: c.Classes,
-		Busy:    c.Busy,
-		Resolve: func(t *Ticket) int { return c.Resolve(t.Model, t.ClassHeader, t.Uncached()) },
-	}
-}
-
-func (p *Policy) validate() error {
-	if p == nil || len(p.Classes) == 0 {
-		return errors.New("policy has no classes")
-	}
-	if len(p.Busy) != len(p.Classes) {
-		return fmt.Errorf("policy has %d classes but %d busy rules", len(p.Classes), len(p.Busy))
-	}
-	if p.Resolve == nil {
-		return errors.New("policy has no resolver")
-	}
-	return nil
-}
-
-// Ticket is one request as the dispatcher sees it: who it is (for class
-// resolution), what it costs, how it is ordered and where it may go.
-type Ticket struct {
-	// Model and ClassHeader feed Policy.Resolve.
-	Model       string
-	ClassHeader string
-	// RawISL and Cached are the cost snapshot of SPEC §1.
-	RawISL uint64
-	Cached uint64
-	// Priority and Strict are the ordering hints of SPEC §3. HasPriority
-	// says the request carried a priority hint (body or header), which is
-	// what may be forwarded to the engine.
-	Priority    int32
-	Strict      uint32
-	HasPriority bool
-	// Blocks are the prompt's chained block hashes (pkg/tokenize) at
-	// BlockSize tokens per block, for the prefix-cache index: the dispatcher
-	// fills Cached from them at admission (the best overlap over the
-	// eligible endpoints) and records them on the endpoint it picks. Nil
-	// leaves Cached as it is. The dispatcher reads them until Acquire
-	// returns a grant or an error other than the caller's context's.
-	Blocks    []uint64
-	BlockSize int
-	// Allow, when HasAllow, restricts the request to these "ip" or
-	// "ip:port" entries (subset hint, conformance header). An empty list
-	// with HasAllow answers 503. When it names exactly one endpoint the
-	// request is pinned to that endpoint's exact lane.
-	Allow    []string
-	HasAllow bool
-	// Class is the resolved class index, set by the dispatcher.
-	Class int
-}
-
-// Uncached is the ticket's uncached prompt tokens.
-func (t *Ticket) Uncached() uint64 {
-	if t.Cached >= t.RawISL {
-		return 0
-	}
-	return t.RawISL - t.Cached
-}
-
-// Endpoint is one model-server endpoint (pod × target port) in a snapshot
-// handed to SetEndpoints.
-type Endpoint struct {
-	// Addr is "ip:port".
-	Addr string
-	// MaxBatchedTokens is the engine's max_num_batched_tokens; 0 = unknown.
-	MaxBatchedTokens uint64
-	// Tainted endpoints take no new unpinned requests (being deleted, not
-	// ready, or annotated NoSchedule).
-	Tainted bool
-	// Engine names the model server's engine (vllm, sglang, trtllm: the
-	// pod label inference.networking.k8s.io/engine-type); empty, or a name
-	// policy.ParseEngine does not know, means Options.DefaultEngine. It
-	// chooses the metric names scraped and the polarity of a forwarded
-	// priority.
-	Engine string
-}
-
-// EngineOf resolves an endpoint's engine name against the default.
-func EngineOf(name string, def policy.Engine) policy.Engine {
-	if name == "" {
-		return def
-	}
-	e, err := policy.ParseEngine(name)
-	if err != nil {
-		return def
-	}
-	return e
-}
-
-// NoEndpointError answers 503: no endpoint is eligible for the request.
-type NoEndpointError struct {
-	// Filter names what removed the last candidate (for the answer).
-	Filter string
-}
-
-func (e *NoEndpointError) Error() string {
-	return "no eligible endpoint: " + e.Filter
-}
-
-// ShedError answers 429: the request waited past its class's budget.
-type ShedError struct {
-	Class  string
-	Waited time.Duration
-	Budget time.Duration
-}
-
-func (e *ShedError) Error() string {
-	return fmt.Sprintf("policy class %q: queued %s, past its wait budget of %s", e.Class, e.Waited.Round(time.Millisecond), e.Budget)
-}
+// The request-path types live in the scheduling core (pkg/sched); these
+// names keep the dispatcher's API as its callers know it.
+type (
+	// Policy is sched.Policy.
+	Policy = sched.Policy
+	// Ticket is sched.Ticket.
+	Ticket = sched.Ticket
+	// Endpoint is sched.Endpoint.
+	Endpoint = sched.Endpoint
+	// Grant is sched.Grant.
+	Grant = sched.Grant
+	// Candidate is sched.Candidate.
+	Candidate = sched.Candidate
+	// Picker is sched.Picker.
+	Picker = sched.Picker
+	// CostPicker is sched.CostPicker.
+	CostPicker = sched.CostPicker
+	// LeastLoaded is sched.LeastLoaded.
+	LeastLoaded = sched.LeastLoaded
+	// PrefixOptions is sched.PrefixOptions.
+	PrefixOptions = sched.PrefixOptions
+	// NoEndpointError is sched.NoEndpointError.
+	NoEndpointError = sched.NoEndpointError
+	// ShedError is sched.ShedError.
+	ShedError = sched.ShedError
+	// Snapshot is sched.Snapshot.
+	Snapshot = sched.Snapshot
+	// EndpointSnapshot is sched.EndpointSnapshot.
+	EndpointSnapshot = sched.EndpointSnapshot
+)
 
 // ErrShuttingDown answers 503: the dispatcher is draining.
-var ErrShuttingDown = errors.New("endpoint picker is shutting down")
+var ErrShuttingDown = sched.ErrShuttingDown
+
+// DefaultBlockSize is sched.DefaultBlockSize.
+const DefaultBlockSize = sched.DefaultBlockSize
+
+// FromCompiled is sched.FromCompiled.
+var FromCompiled = sched.FromCompiled
+
+// NewCostPicker is sched.NewCostPicker.
+var NewCostPicker = sched.NewCostPicker
+
+// EngineOf is sched.EngineOf.
+var EngineOf = sched.EngineOf
+
+// Options configure a Dispatcher: the core's options plus the driver's.
+type Options struct {
+	sched.Options
+	// Observer receives per-request events; nil means none.
+	Observer Observer
+	// OnEndpoints, when set, is called with every endpoint set given to
+	// SetEndpoints, on the caller's goroutine, after the loop has it (the
+	// scraper starts and stops its targets here, in Kubernetes mode too).
+	// It must not modify the slice.
+	OnEndpoints func([]Endpoint)
+}
 
 // Observer receives the dispatcher's per-request events for metrics. Its
 // methods run on the loop goroutine and must not block.
@@ -156,32 +81,3 @@ type nopObserver struct{}
 
 func (nopObserver) Dispatched(string, bool, time.Duration) {}
 func (nopObserver) Rejected(string, string)                {}
-
-// ClassSnapshot is one class's queue state for metrics and status.
-type ClassSnapshot struct {
-	drr.ClassStats
-}
-
-// EndpointSnapshot is one endpoint's accounting for metrics.
-type EndpointSnapshot struct {
-	Addr          string
-	ActivePrefill uint64
-	InFlight      int
-	Tainted       bool
-	// Stale: the endpoint's metrics are expected and not fresh.
-	Stale bool
-	// UnseenWaiting is the estimate of requests waiting in the engine that
-	// this picker did not send, and UnseenPrefill their prompt tokens as
-	// the busy test counts them.
-	UnseenWaiting int
-	UnseenPrefill uint64
-	// IndexTokens is the prompt tokens the prefix index remembers for it.
-	IndexTokens uint64
-}
-
-// Snapshot is the dispatcher's state at one instant.
-type Snapshot struct {
-	Classes   []drr.ClassStats
-	Endpoints []EndpointSnapshot
-	Queued    int
-}

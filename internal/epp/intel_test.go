@@ -392,7 +392,8 @@ func BenchmarkDecide32k100Endpoints(b *testing.B) {
 	o.Intel.ScrapeMetrics = false
 	o.MaxFallbacks = 2
 	in := newIntel(o, logr.Discard())
-	dopts := dispatcher.Options{MaxFallbacks: 2}
+	var dopts dispatcher.Options
+	dopts.MaxFallbacks = 2
 	in.configure(&dopts)
 	c, err := (&policy.Config{}).Compile()
 	if err != nil {

@@ -75,11 +75,8 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	s := &Server{opts: opts, log: log, reg: prometheus.NewRegistry()}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = metrics.New(s.reg, "")
-	dopts := dispatcher.Options{
-		MaxFallbacks: opts.MaxFallbacks,
-		Observer:     s.metrics,
-		Log:          log.WithName("dispatcher"),
-	}
+	dopts := dispatcher.Options{Observer: s.metrics}
+	dopts.MaxFallbacks = opts.MaxFallbacks
 	s.intel = newIntel(opts, log)
 	s.intel.configure(&dopts)
 	d, err := dispatcher.New(pol, dopts)

@@ -113,20 +113,24 @@ type Request struct {
 }
 
 // Uncached returns the prompt tokens not covered by the prefix cache.
-func (r *Request) Uncached() uint64 {
-	if r.Cached >= r.RawISL {
-		return 0
-	}
-	return r.RawISL - r.Cached
-}
+func (r *Request) Uncached() uint64 { return Uncached(r.RawISL, r.Cached) }
 
 // Cost returns the scheduling cost: max(1, uncached tokens).
-func (r *Request) Cost() uint64 {
-	if u := r.Uncached(); u > 0 {
-		return u
+func (r *Request) Cost() uint64 { return Cost(r.RawISL, r.Cached) }
+
+// Uncached is SPEC §1's uncached = raw_isl - min(cached, raw_isl): the
+// prompt tokens an endpoint must prefill. It is the one place the formula
+// is written; every package that needs it calls this.
+func Uncached(rawISL, cached uint64) uint64 {
+	if cached >= rawISL {
+		return 0
 	}
-	return 1
+	return rawISL - cached
 }
+
+// Cost is SPEC §1's scheduling cost, max(1, uncached): the DRR charge and
+// the WSPT weight.
+func Cost(rawISL, cached uint64) uint64 { return max(1, Uncached(rawISL, cached)) }
 
 // Verdict is a Probe's answer about a head of line.
 type Verdict uint8

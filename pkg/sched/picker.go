@@ -1,4 +1,4 @@
-package dispatcher
+package sched
 
 import (
 	"sort"
@@ -34,8 +34,8 @@ type Candidate struct {
 // Picker orders eligible endpoints by preference for one request. It
 // appends indexes of cands to out and returns it: every index once, best
 // first. Only the first 1 + MaxFallbacks entries are used, so a picker may
-// leave the entries after those in any order. It runs on the dispatcher's
-// loop and must not block.
+// leave the entries after those in any order. It runs on the goroutine that owns
+// the Core and must not block.
 type Picker interface {
 	Pick(t *Ticket, cands []Candidate, out []int) []int
 }
@@ -66,7 +66,7 @@ func (p *CostPicker) Pick(t *Ticket, cands []Candidate, out []int) []int {
 		p.loads = append(p.loads, picker.Load{
 			Stale:         c.Stale,
 			Busy:          c.Busy,
-			Prefill:       t.RawISL - min(c.CachedTokens, t.RawISL),
+			Prefill:       drr.Uncached(t.RawISL, c.CachedTokens),
 			ActivePrefill: drr.SaturatingAdd(c.ActivePrefill, c.UnseenPrefill),
 			Decode:        uint64(c.Decoding),
 		})

@@ -1,0 +1,70 @@
+package dispatcher
+
+import "github.com/laneway-dev/laneway/pkg/podmetrics"
+
+// The control-plane calls: endpoint sets, scrapes, policy swaps, snapshots
+// and shutdown, each run on the loop as a function (none is on the
+// per-request path).
+
+// call runs fn on the loop and waits until it ran, or reports false when
+// the loop stopped first.
+func (d *Dispatcher) call(fn func()) bool {
+	ran := make(chan struct{})
+	if !d.send(command{fn: func() { fn(); close(ran) }}) {
+		return false
+	}
+	select {
+	case <-ran:
+		return true
+	case <-d.done:
+		select {
+		case <-ran:
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// SetEndpoints replaces the endpoint set (sched.Core.SetEndpoints).
+func (d *Dispatcher) SetEndpoints(eps []Endpoint) {
+	cp := append([]Endpoint(nil), eps...)
+	if d.send(command{fn: func() { d.core.SetEndpoints(d.now(), cp) }}) && d.onEps != nil {
+		d.onEps(cp)
+	}
+}
+
+// SetEndpointMetrics delivers a scrape of the endpoint at addr
+// (sched.Core.SetMetrics); it implements podmetrics.Sink.
+func (d *Dispatcher) SetEndpointMetrics(addr string, m podmetrics.Metrics, stale bool) {
+	d.send(command{fn: func() { d.core.SetMetrics(addr, m, stale) }})
+}
+
+// BlockSize is the block size, in tokens, at which request parsers should
+// hash prompts for the prefix index (sched.Core.BlockSize). Safe for
+// concurrent use.
+func (d *Dispatcher) BlockSize() int { return int(d.hashBS.Load()) }
+
+// SetPolicy swaps the class table without losing or reordering queued
+// requests (sched.Core.SetPolicy). An invalid policy is refused and the
+// old one stays in force.
+func (d *Dispatcher) SetPolicy(p *Policy) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	var err error
+	if !d.call(func() { err = d.core.SetPolicy(p) }) {
+		return ErrShuttingDown
+	}
+	return err
+}
+
+// Snapshot returns the queue and endpoint state (for metrics and status).
+func (d *Dispatcher) Snapshot() (s Snapshot, ok bool) {
+	ok = d.call(func() { s = d.core.Snapshot() })
+	return s, ok
+}
+
+// Shutdown stops admitting: queued requests and every later Acquire are
+// answered with ErrShuttingDown. Dispatched requests keep their grants.
+func (d *Dispatcher) Shutdown() { d.call(func() { d.core.Shutdown(d.now()) }) }

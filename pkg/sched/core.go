@@ -1,0 +1,365 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/laneway-dev/laneway/pkg/drr"
+	"github.com/laneway-dev/laneway/pkg/picker"
+	"github.com/laneway-dev/laneway/pkg/policy"
+)
+
+// Options configure a Core.
+type Options struct {
+	// MaxFallbacks is how many further endpoints follow the pick in a
+	// grant, in the order the picker prefers them.
+	MaxFallbacks int
+	// Picker chooses among eligible endpoints; nil means LeastLoaded.
+	Picker Picker
+	// ExpectMetrics makes every endpoint count as stale (busy, and ranked
+	// last) until SetMetrics delivers fresh metrics for it: with scraping
+	// on, an endpoint whose load is unknown must not look idle.
+	ExpectMetrics bool
+	// DefaultEngine is the engine of endpoints whose Endpoint.Engine is
+	// empty or unknown.
+	DefaultEngine policy.Engine
+	// Prefix turns on the prefix-cache index; nil leaves Ticket.Cached as
+	// the parser set it.
+	Prefix *PrefixOptions
+	// MaxEngineQueue is SPEC §5's overload filter: an endpoint whose engine
+	// reported more waiting requests than this is skipped, like a tainted
+	// one, until a scrape shows its queue back within the bound. When it
+	// leaves a request no endpoint, the answer is a 503 naming the filter.
+	// 0 turns the filter off.
+	MaxEngineQueue int
+	// Releaser receives the response-path events of the grants this core
+	// gives (Grant.FirstByte, Grant.Done), from the streams' goroutines; it
+	// hands them to the core's owner, which applies them with Release. Nil
+	// drops them: a driver that calls Release itself (the simulator) needs
+	// none.
+	Releaser Releaser
+}
+
+// PrefixOptions configure the prefix-cache index.
+type PrefixOptions struct {
+	// BlockSize is the hashing block size in tokens until an engine
+	// reports a larger one (0 means DefaultBlockSize).
+	BlockSize int
+	// Index configures the per-endpoint index (capacity, TTL).
+	Index picker.IndexOptions
+}
+
+// DefaultBlockSize is the prefix hashing block size when nothing else is
+// known: vLLM's default KV block size.
+const DefaultBlockSize = 16
+
+// unseenRequestSeed is the prompt size assumed for a request seen waiting
+// in an engine before this picker dispatched any request of its own.
+const unseenRequestSeed = 1024
+
+// Core is the scheduling state machine (see the package documentation).
+// The zero value is not usable; create one with New. One goroutine owns it.
+type Core struct {
+	opts     Options
+	pol      *Policy
+	q        *drr.Scheduler
+	probe    prober
+	draining bool
+
+	reg registry
+
+	// out collects the decisions Drain returns next; outSpare is the
+	// buffer handed out by the previous Drain, reused by the next one.
+	out, outSpare []Leave
+
+	cands []Candidate // scratch for picks
+	order []int       // scratch for picks
+
+	// The prefix-cache index and the cost snapshot's per-endpoint
+	// overlaps, kept for a grant in the same call (overlapFor).
+	index      *picker.Index // nil: no prefix index
+	indexGen   uint64        // bumped by every Record
+	overlap    []int         // by EndpointID: blocks cached, valid for overlapFor at overlapGen
+	overlapFor *Request
+	overlapGen uint64
+	baseBS     int    // PrefixOptions.BlockSize
+	hashBS     int    // the block size parsers should hash at
+	meanPrompt uint64 // moving mean of dispatched uncached tokens
+}
+
+// Request is one request inside the core, from Admit until its Leave. The
+// driver allocates it (it may embed it in its own per-request state) and
+// must not change it or reuse it before the request has left.
+type Request struct {
+	// Ticket is what the request is; the core sets its Class and Cached.
+	Ticket *Ticket
+	// Owner is the driver's handle for the request (the waiting stream);
+	// the core never reads it.
+	Owner any
+
+	item    *drr.Item
+	allow   []*endpoint // nil: every live endpoint
+	pinned  drr.EndpointID
+	arrival int64
+	state   reqState
+	grant   *Grant
+}
+
+type reqState uint8
+
+const (
+	stateNew reqState = iota
+	stateQueued
+	stateLeft
+)
+
+// Reset prepares r for a new request (or for recycling).
+func (r *Request) Reset(t *Ticket, owner any) {
+	*r = Request{Ticket: t, Owner: owner, pinned: drr.NoEndpoint}
+}
+
+// Left reports whether the request has left the core (its Leave was
+// produced).
+func (r *Request) Left() bool { return r.state == stateLeft }
+
+// Grant returns the request's grant once it left granted, else nil.
+func (r *Request) Grant() *Grant { return r.grant }
+
+// New returns a core scheduling with pol.
+func New(pol *Policy, opts Options) (*Core, error) {
+	if err := pol.Validate(); err != nil {
+		return nil, err
+	}
+	q, err := drr.New(pol.Classes)
+	if err != nil {
+		return nil, fmt.Errorf("building scheduler: %w", err)
+	}
+	c := &Core{opts: opts, pol: pol, q: q, reg: newRegistry()}
+	if c.opts.Picker == nil {
+		c.opts.Picker = LeastLoaded{}
+	}
+	c.probe = prober{c}
+	c.meanPrompt = unseenRequestSeed
+	c.baseBS = DefaultBlockSize
+	if p := opts.Prefix; p != nil {
+		c.index = picker.NewIndex(p.Index)
+		if p.BlockSize > 0 {
+			c.baseBS = p.BlockSize
+		}
+	}
+	c.hashBS = c.baseBS
+	return c, nil
+}
+
+// Len returns the number of queued requests.
+func (c *Core) Len() int { return c.q.Len() }
+
+// BlockSize is the block size, in tokens, at which request parsers should
+// hash prompts for the prefix index: PrefixOptions.BlockSize, or the
+// largest KV block size an endpoint reports if that is larger.
+func (c *Core) BlockSize() int { return c.hashBS }
+
+// NextDeadline returns the earliest time a queued request's wait budget
+// runs out: the driver should call Drain then.
+func (c *Core) NextDeadline() (at int64, ok bool) { return c.q.NextExpiry() }
+
+// ClassName returns the name of class i of the policy in force ("" when
+// out of range).
+func (c *Core) ClassName(i int) string {
+	if i >= 0 && i < len(c.pol.Classes) {
+		return c.pol.Classes[i].Name
+	}
+	return ""
+}
+
+// Admit takes a new request at now: it resolves the class and the cost
+// snapshot (SPEC §1, §2), applies eligibility and admission (SPEC §5), and
+// either decides it at once (a grant or an error, both in the next Drain's
+// Leaves) or queues it. r must be fresh (Reset).
+func (c *Core) Admit(now int64, r *Request) {
+	if r.state != stateNew {
+		panic("sched: Admit of a request already admitted")
+	}
+	if c.draining {
+		c.reject(r, ErrShuttingDown, ReasonShuttingDown)
+		return
+	}
+	t := r.Ticket
+	t.Class = c.pol.resolve(t)
+	if err := c.resolveAllow(r); err != nil {
+		c.reject(r, err, ReasonNoEndpoints)
+		return
+	}
+	if c.snapshotCached(now, r) {
+		t.Class = c.pol.resolve(t) // the cached tokens pick the cache bucket
+	}
+	v := c.judge(t.Class, r)
+	if v == drr.Unroutable {
+		c.reject(r, c.noEndpoint(r), ReasonNoEndpoints)
+		return
+	}
+	r.arrival = now
+	item, err := c.q.Offer(drr.Request{
+		Class:          t.Class,
+		Pinned:         r.pinned,
+		RawISL:         t.RawISL,
+		Cached:         t.Cached,
+		Priority:       t.Priority,
+		StrictPriority: t.Strict,
+		Arrival:        now,
+		Payload:        r,
+	}, len(c.reg.live), v == drr.Blocked)
+	if err != nil {
+		reason := ReasonQueueLimit
+		var rej *drr.Rejection
+		if errors.As(err, &rej) {
+			reason += "_" + string(rej.Kind)
+		}
+		c.reject(r, err, reason)
+		return
+	}
+	if item == nil {
+		c.grant(now, r, false)
+		return
+	}
+	r.item = item
+	r.state = stateQueued
+}
+
+// Cancel is the caller giving up on r: a queued request leaves at once
+// (Leave with ErrCancelled); a request granted but never received by its
+// caller has its grant released. It reports whether r was still queued.
+func (c *Core) Cancel(r *Request) bool {
+	switch r.state {
+	case stateQueued:
+		if c.q.Remove(r.item) {
+			r.item = nil
+			c.reject(r, ErrCancelled, ReasonCancelled)
+			return true
+		}
+	case stateLeft:
+		if g := r.grant; g != nil && g.done.CompareAndSwap(false, true) {
+			c.Release(g, EventDone)
+		}
+	}
+	return false
+}
+
+// Drain dispatches every queued request that can leave at now (SPEC §5:
+// draining is repeated until nothing is dispatchable) and returns every
+// decision since the previous Drain, in the order they were taken. The
+// slice is valid until the next Drain.
+func (c *Core) Drain(now int64) []Leave {
+	for c.q.Len() > 0 {
+		it, out := c.q.Pop(now, c.probe)
+		if out == drr.None {
+			break
+		}
+		r := it.Payload.(*Request)
+		r.item = nil
+		switch out {
+		case drr.Dispatch:
+			c.grant(now, r, true)
+		case drr.Expired:
+			cfg := c.pol.Classes[it.Class]
+			c.reject(r, &ShedError{
+				Class:  cfg.Name,
+				Waited: time.Duration(now - r.arrival),
+				Budget: cfg.WaitBudget,
+			}, ReasonShed)
+		case drr.NoRoute:
+			c.reject(r, c.noEndpoint(r), ReasonNoEndpoints)
+		}
+	}
+	out := c.out
+	c.out = c.outSpare[:0]
+	c.outSpare = out
+	return out
+}
+
+// leave records r's one decision.
+func (c *Core) leave(r *Request, l Leave) {
+	if r.state == stateLeft {
+		panic("sched: a request left twice")
+	}
+	r.state = stateLeft
+	if c.overlapFor == r {
+		c.overlapFor = nil // the driver may recycle r now
+	}
+	l.Req = r
+	l.Class = c.ClassName(r.Ticket.Class)
+	c.out = append(c.out, l)
+}
+
+func (c *Core) reject(r *Request, err error, reason string) {
+	c.leave(r, Leave{Err: err, Reason: reason})
+}
+
+// SetPolicy swaps the class table without losing or reordering queued
+// requests: each is resolved again with the new policy. An invalid policy
+// is refused and the old one stays in force.
+func (c *Core) SetPolicy(p *Policy) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	err := c.q.SetClasses(p.Classes, func(it *drr.Item) int {
+		t := it.Payload.(*Request).Ticket
+		t.Class = p.resolve(t)
+		return t.Class
+	})
+	if err != nil {
+		return fmt.Errorf("applying policy: %w", err)
+	}
+	c.pol = p
+	// Busy rules changed: every lane verdict is stale.
+	for _, id := range c.reg.live {
+		c.q.EndpointChanged(id)
+	}
+	return nil
+}
+
+// Shutdown stops admitting: every queued request leaves with
+// ErrShuttingDown (in the next Drain's Leaves), and so does every later
+// Admit. Granted requests keep their grants.
+func (c *Core) Shutdown(now int64) {
+	c.draining = true
+	for _, e := range c.reg.eps {
+		if e != nil {
+			c.q.EndpointChanged(e.id)
+		}
+	}
+	for c.q.Len() > 0 {
+		it, out := c.q.Pop(now, refuseAll{})
+		if out == drr.None {
+			break // cannot happen: refuseAll makes every head leave
+		}
+		r := it.Payload.(*Request)
+		r.item = nil
+		c.reject(r, ErrShuttingDown, ReasonShuttingDown)
+	}
+}
+
+// refuseAll is the probe used at shutdown: every head leaves as
+// Unroutable, so the whole queue empties without charging anything.
+type refuseAll struct{}
+
+func (refuseAll) Shared(int, *drr.Item) drr.Verdict    { return drr.Unroutable }
+func (refuseAll) Lane(int, drr.EndpointID) drr.Verdict { return drr.Unroutable }
+
+// Snapshot returns the queue and endpoint state (for metrics and status).
+func (c *Core) Snapshot() Snapshot {
+	s := Snapshot{Classes: c.q.Stats(), Queued: c.q.Len()}
+	for _, id := range c.reg.live {
+		e := c.reg.eps[id]
+		es := EndpointSnapshot{
+			Addr: e.addr, ActivePrefill: e.activePrefill, InFlight: e.inFlight, Tainted: e.tainted,
+			Stale: e.stale, UnseenWaiting: e.unseenWaiting, UnseenPrefill: e.unseenPrefill,
+		}
+		if c.index != nil {
+			es.IndexTokens = c.index.Stats(int(id)).Tokens
+		}
+		s.Endpoints = append(s.Endpoints, es)
+	}
+	return s
+}

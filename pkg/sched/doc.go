@@ -1,0 +1,42 @@
+// Package sched is Laneway's scheduling core: everything the picker decides
+// about a request between the parsed body and the endpoint it is sent to
+// (SPEC §1–§5), as one synchronous, deterministic state machine over the
+// DRR queue of pkg/drr. The live dispatcher loop (wall clock, gRPC
+// streams), the simulator (virtual clock, simulated engines) and the fuzz
+// target (random operations) all drive this same Core.
+//
+// A Core owns the endpoint registry (ids, address maps, id reuse), the
+// eligibility rules (subset hint or allow-list, pins, taints, the overload
+// filter), the busy test, admission against the queue limits, the pick and
+// its charge, release accounting (first response byte, end of stream), the
+// metrics-driven estimate of load this replica did not send, the
+// prefix-cache index and live policy swaps. It has no goroutines, channels
+// or clock reads: every call that needs the time takes now (nanoseconds on
+// the caller's clock), and one goroutine owns a Core. The only
+// concurrency-safe parts are a Grant's FirstByte and Done, which hand the
+// event to the Releaser (the driver's mailbox) for the owner to apply with
+// Release.
+//
+// Calls change state and may decide requests (a direct grant at Admit, a
+// 503 for the pinned requests of a removed endpoint); Drain then dispatches
+// whatever can leave the queue and returns every decision since the last
+// Drain, in order, as Leaves. A driver calls Drain after each call that can
+// change what is dispatchable, and arms a timer for NextDeadline.
+//
+// Invariants: every admitted Request leaves exactly once (one Leave:
+// granted, rejected, shed, unroutable, cancelled or shut down); a granted
+// request was eligible at the grant (inside its allow-list, on a live
+// endpoint, not tainted unless pinned, not past the overload filter) and,
+// when its class queues, its endpoint was not busy for that class;
+// an allow-list holds endpoints, not ids, so an id reused by a new endpoint
+// never widens it; an endpoint's active prefill and in-flight counts are
+// exactly the sums over its unreleased grants, so they return to zero when
+// everything is released; a removed endpoint's pinned requests are answered
+// 503 before its id is reused.
+//
+// Complexity, for E live endpoints, C classes and L exact lanes rechecked:
+// Admit O(E + log n) (eligibility, busy test and prefix overlap over the
+// candidate endpoints; O(|allow|) with a subset hint); one dispatch O(C +
+// L log L) in pkg/drr plus O(E) for the pick; Release O(1); SetEndpoints
+// O(E log E); SetPolicy O(n log n) for n queued requests.
+package sched

@@ -1,0 +1,291 @@
+package sched
+
+import (
+	"fmt"
+	"net"
+	"sort"
+
+	"github.com/laneway-dev/laneway/pkg/drr"
+	"github.com/laneway-dev/laneway/pkg/policy"
+)
+
+// endpoint is one model-server endpoint's state. A removed endpoint keeps
+// its struct (removed set) for as long as an allow-list refers to it, while
+// its id may already name a newcomer: eligibility follows the pointer.
+type endpoint struct {
+	id            drr.EndpointID
+	addr          string
+	maxBatched    uint64
+	tainted       bool
+	removed       bool
+	activePrefill uint64
+	inFlight      int
+
+	engine policy.Engine
+	// stale: metrics are expected and not fresh (busy, ranked last).
+	stale bool
+	// peakInFlight is the most requests this picker had in flight there
+	// since the last metrics delivery: the most of the engine's queue that
+	// can be ours.
+	peakInFlight int
+	// unseenWaiting and unseenPrefill: the engine's waiting requests that
+	// are not ours, and the prompt tokens the busy test counts for them.
+	unseenWaiting int
+	unseenPrefill uint64
+	// waiting is the engine's whole waiting queue at the last fresh scrape
+	// (ours included), for the overload filter.
+	waiting int
+	// decoding is our requests past their first byte and not finished;
+	// running the engine's running requests at the last scrape.
+	decoding int
+	running  int
+	// engineBS is the engine's reported KV block size (0 unknown).
+	engineBS int
+}
+
+// load is the prefill the busy test counts: ours plus the unseen estimate.
+func (e *endpoint) load() uint64 { return drr.SaturatingAdd(e.activePrefill, e.unseenPrefill) }
+
+// registry maps addresses to endpoints and hands out their ids: the index
+// of drr's exact lanes, the prefix index's slots and the overlap scratch.
+type registry struct {
+	eps     []*endpoint // by drr.EndpointID; nil = free
+	byAddr  map[string]*endpoint
+	byIP    map[string][]*endpoint
+	live    []drr.EndpointID // address order
+	freeIDs []drr.EndpointID
+}
+
+func newRegistry() registry {
+	return registry{byAddr: map[string]*endpoint{}, byIP: map[string][]*endpoint{}}
+}
+
+func (g *registry) byID(id drr.EndpointID) *endpoint {
+	if int(id) < len(g.eps) {
+		return g.eps[id]
+	}
+	return nil
+}
+
+// SetEndpoints replaces the endpoint set at now. Endpoints keep their
+// accounting by address; requests pinned to a removed endpoint leave with
+// 503, and queued shared requests are examined again at the next Drain.
+func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
+	g := &c.reg
+	c.overlapFor = nil // per-endpoint overlaps may name other endpoints now
+	seen := make(map[string]bool, len(eps))
+	for _, in := range eps {
+		if in.Addr == "" || seen[in.Addr] {
+			continue
+		}
+		seen[in.Addr] = true
+		eng := EngineOf(in.Engine, c.opts.DefaultEngine)
+		if e, ok := g.byAddr[in.Addr]; ok {
+			e.engine = eng
+			if e.maxBatched != in.MaxBatchedTokens || e.tainted != in.Tainted {
+				e.maxBatched, e.tainted = in.MaxBatchedTokens, in.Tainted
+				c.q.EndpointChanged(e.id)
+			}
+			continue
+		}
+		var id drr.EndpointID
+		if n := len(g.freeIDs); n > 0 {
+			id = g.freeIDs[n-1]
+			g.freeIDs = g.freeIDs[:n-1]
+		} else {
+			id = drr.EndpointID(len(g.eps))
+			g.eps = append(g.eps, nil)
+		}
+		e := &endpoint{id: id, addr: in.Addr, maxBatched: in.MaxBatchedTokens, tainted: in.Tainted,
+			engine: eng, stale: c.opts.ExpectMetrics}
+		g.eps[id] = e
+		if c.index != nil {
+			c.index.Drop(int(id)) // a reused id starts with an empty index
+		}
+		g.byAddr[in.Addr] = e
+		c.q.EndpointChanged(id)
+	}
+	var removed []drr.EndpointID
+	for addr, e := range g.byAddr {
+		if !seen[addr] {
+			e.removed = true
+			delete(g.byAddr, addr)
+			c.q.EndpointChanged(e.id)
+			removed = append(removed, e.id)
+			if c.index != nil {
+				c.index.Drop(int(e.id))
+			}
+		}
+	}
+	c.rebuildAddrMaps()
+	if len(removed) == 0 {
+		return
+	}
+	c.updateHashBlockSize()
+	// The exact lanes of removed endpoints empty out (503) in this drain;
+	// only then may their ids be reused, as a lane is keyed by id. Its
+	// decisions stay in the outbox for the caller's Drain.
+	c.out = append(c.out, c.Drain(now)...)
+	for _, id := range removed {
+		g.eps[id] = nil
+	}
+	g.freeIDs = append(g.freeIDs, removed...)
+}
+
+// rebuildAddrMaps recomputes the live list (address order) and the
+// by-IP map from the endpoints.
+func (c *Core) rebuildAddrMaps() {
+	g := &c.reg
+	g.live = g.live[:0]
+	clear(g.byIP)
+	for _, e := range g.eps {
+		if e == nil || e.removed {
+			continue
+		}
+		g.live = append(g.live, e.id)
+		if host, _, err := net.SplitHostPort(e.addr); err == nil {
+			g.byIP[host] = append(g.byIP[host], e)
+		}
+	}
+	sort.Slice(g.live, func(i, j int) bool { return g.eps[g.live[i]].addr < g.eps[g.live[j]].addr })
+}
+
+// resolveAllow turns the ticket's allow-list into endpoints and decides
+// whether the request is pinned (SPEC §4: a one-endpoint subset is a pin).
+func (c *Core) resolveAllow(r *Request) error {
+	t := r.Ticket
+	if !t.HasAllow {
+		return nil
+	}
+	eps := make([]*endpoint, 0, len(t.Allow))
+	for _, a := range t.Allow {
+		if e, ok := c.reg.byAddr[a]; ok {
+			eps = appendUnique(eps, e)
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			for _, e := range c.reg.byIP[a] {
+				eps = appendUnique(eps, e)
+			}
+		}
+	}
+	if len(eps) == 0 {
+		return &NoEndpointError{Filter: "subset hint names no known endpoint"}
+	}
+	r.allow = eps
+	if len(eps) == 1 {
+		r.pinned = eps[0].id
+	}
+	return nil
+}
+
+func appendUnique(eps []*endpoint, e *endpoint) []*endpoint {
+	for _, x := range eps {
+		if x == e {
+			return eps
+		}
+	}
+	return append(eps, e)
+}
+
+// numCandidates and candidateAt walk the endpoints a request may go to:
+// its allow-list, or every live endpoint. Eligibility is the caller's to
+// check. (An index walk rather than a callback: it runs per endpoint on
+// every admission.)
+func (c *Core) numCandidates(r *Request) int {
+	if r.allow != nil {
+		return len(r.allow)
+	}
+	return len(c.reg.live)
+}
+
+func (c *Core) candidateAt(r *Request, i int) *endpoint {
+	if r.allow != nil {
+		return r.allow[i]
+	}
+	return c.reg.eps[c.reg.live[i]]
+}
+
+// eligible is SPEC §5's eligibility, the same for queued and direct
+// requests: a live endpoint, past the overload filter, not tainted unless
+// the request is pinned to it.
+func (c *Core) eligible(e *endpoint, r *Request) bool {
+	if e == nil || e.removed || c.overloaded(e) {
+		return false
+	}
+	return !e.tainted || r.pinned != drr.NoEndpoint
+}
+
+// overloaded is the overload filter: the engine's own queue is past
+// MaxEngineQueue. Stale metrics do not trip it (staleness makes an
+// endpoint busy instead), so an endpoint is never skipped on old numbers.
+func (c *Core) overloaded(e *endpoint) bool {
+	return c.opts.MaxEngineQueue > 0 && !e.stale && e.waiting > c.opts.MaxEngineQueue
+}
+
+// busy is the class's busy test (SPEC §5) on the endpoint's prefill load,
+// ours plus the unseen estimate; an endpoint with stale metrics is busy.
+func (c *Core) busy(e *endpoint, class int) bool {
+	return e.stale || c.pol.Busy[class].EndpointBusy(e.load(), e.maxBatched)
+}
+
+// judge is the busy test of SPEC §5 over a request's eligible endpoints.
+func (c *Core) judge(class int, r *Request) drr.Verdict {
+	eligible, busy := 0, 0
+	for i, n := 0, c.numCandidates(r); i < n; i++ {
+		e := c.candidateAt(r, i)
+		if !c.eligible(e, r) {
+			continue
+		}
+		eligible++
+		if c.busy(e, class) {
+			busy++
+		}
+	}
+	if eligible == 0 {
+		return drr.Unroutable
+	}
+	if c.pol.Busy[class].SharedBlocked(busy, eligible) {
+		return drr.Blocked
+	}
+	return drr.Ready
+}
+
+// noEndpoint names the filter that left r without an endpoint.
+func (c *Core) noEndpoint(r *Request) error {
+	overloaded := false
+	for i, n := 0, c.numCandidates(r); i < n; i++ {
+		if e := c.candidateAt(r, i); !e.removed && c.overloaded(e) {
+			overloaded = true
+			break
+		}
+	}
+	switch {
+	case overloaded:
+		return &NoEndpointError{Filter: fmt.Sprintf("overload filter: the engine queue of every candidate endpoint is past --max-engine-queue=%d", c.opts.MaxEngineQueue)}
+	case len(c.reg.live) == 0:
+		return &NoEndpointError{Filter: "the pool has no ready endpoint"}
+	case r.allow != nil:
+		return &NoEndpointError{Filter: "no endpoint of the subset hint is available"}
+	default:
+		return &NoEndpointError{Filter: "every endpoint is tainted"}
+	}
+}
+
+// prober answers pkg/drr's questions about heads of line.
+type prober struct{ c *Core }
+
+func (p prober) Shared(class int, it *drr.Item) drr.Verdict {
+	return p.c.judge(class, it.Payload.(*Request))
+}
+
+func (p prober) Lane(class int, ep drr.EndpointID) drr.Verdict {
+	e := p.c.reg.byID(ep)
+	if e == nil || e.removed || p.c.overloaded(e) {
+		return drr.Unroutable
+	}
+	if p.c.busy(e, class) {
+		return drr.Blocked
+	}
+	return drr.Ready
+}

@@ -1,0 +1,443 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/laneway-dev/laneway/pkg/drr"
+	"github.com/laneway-dev/laneway/pkg/podmetrics"
+	"github.com/laneway-dev/laneway/pkg/policy"
+)
+
+// FuzzCore drives the core with random operations — admissions with and
+// without subset hints, releases, cancels, endpoint churn (add, remove,
+// taint, re-add, so ids are reused), scrapes, policy swaps, time steps and
+// shutdown — and checks after every step, against a model kept by the
+// test itself:
+//   - every admitted request leaves exactly once, and by the end every one
+//     has left;
+//   - every endpoint of a grant was live, inside the request's allow-list
+//     (by address), not tainted unless the request was pinned, and not
+//     past the overload filter; the pick was not busy for a queueing class;
+//   - a shed request waited exactly since its admission, and at least its
+//     budget;
+//   - each endpoint's active prefill and in-flight counts are the sums over
+//     its unreleased grants, so they are zero once everything is released;
+//   - a policy swap keeps every queued request.
+func FuzzCore(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
+	f.Add([]byte("\x00\x00\x10\x20\x00\x00\x30\x00\x05\x01\x06\x02\x07\x03\x08\x04\x09"))
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 8 {
+		b := make([]byte, 64+r.IntN(256))
+		for i := range b {
+			b[i] = byte(r.UintN(256))
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if err := runCoreOps(data, nil); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestFuzzCoreCanFail shows the fuzz target's checks bite: with a picker
+// that deliberately prefers busy endpoints, the same random operations
+// report a busy pick.
+func TestFuzzCoreCanFail(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 200 {
+		b := make([]byte, 512)
+		for j := range b {
+			b[j] = byte(r.UintN(256))
+		}
+		err := runCoreOps(b, busiestFirst{})
+		if err == nil {
+			continue
+		}
+		if !strings.Contains(err.Error(), "busy") {
+			t.Fatalf("input %d: the broken picker was reported as %v, want a busy pick", i, err)
+		}
+		return
+	}
+	t.Fatal("200 random inputs with a picker that prefers busy endpoints: no check failed")
+}
+
+// busiestFirst is a deliberately wrong picker: busy endpoints first.
+type busiestFirst struct{}
+
+func (busiestFirst) Pick(_ *Ticket, cands []Candidate, out []int) []int {
+	for i := range cands {
+		out = append(out, i)
+	}
+	slices.SortStableFunc(out, func(a, b int) int {
+		if cands[a].Busy != cands[b].Busy {
+			if cands[a].Busy {
+				return -1
+			}
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// fuzzAddrs is the pool endpoints come from; two share an IP so ip-only
+// subset entries name two endpoints.
+var fuzzAddrs = []string{"10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "10.0.0.3:8000",
+	"10.0.0.4:8000", "10.0.0.5:8000"}
+
+const fuzzMaxEngineQueue = 3
+
+// fuzzPolicies are the policies a run swaps between: different class
+// sets, orders, thresholds (fixed and fractional), ratios, limits and
+// wait budgets.
+func fuzzPolicies() []*Policy {
+	lim := func(c drr.ClassConfig, reqs uint64) drr.ClassConfig { c.RequestLimitPerWorker = reqs; return c }
+	p0 := byHeader(300, class("c0", 100, 0), class("c1", 25, 400*time.Millisecond))
+	p1 := byHeader(200, lim(class("c1", 50, 0), 2), class("c2", 10, 0), class("c0", 300, time.Second))
+	p1.Classes[1].Policy = drr.WSPT
+	p1.Classes[2].Policy = drr.EDF
+	p1.Busy[1] = policy.BusyTest{Frac: 0.05, HasFrac: true, Ratio: 0.5}
+	p2 := byHeader(0, class("c0", 1, 0)) // never queues
+	return []*Policy{p0, p1, p2}
+}
+
+// fuzzEP is the model's view of one endpoint incarnation.
+type fuzzEP struct {
+	addr           string
+	tainted        bool
+	stale          bool
+	waiting        int
+	active         uint64
+	inFlight       int
+	removed        bool
+	unseenFromCore uint64
+	maxBatched     uint64
+}
+
+type fuzzReq struct {
+	r        *Request
+	allow    []string // nil: none
+	pinned   bool
+	admitted int64
+	left     int
+	grant    *Grant
+	onEP     *fuzzEP
+	prefill  uint64
+	firstOK  bool
+	released bool
+}
+
+// runCoreOps plays data as operations on a core and returns the first
+// broken invariant. A nil picker is LeastLoaded.
+func runCoreOps(data []byte, pk Picker) error {
+	pos := 0
+	next := func() byte {
+		if pos >= len(data) {
+			return 0
+		}
+		pos++
+		return data[pos-1]
+	}
+	pols := fuzzPolicies()
+	b0 := next()
+	polIdx := int(b0) % len(pols)
+	if pk == nil {
+		pk = LeastLoaded{}
+	}
+	opts := Options{Picker: pk, MaxFallbacks: 1, MaxEngineQueue: fuzzMaxEngineQueue}
+	withPrefix := b0&0x80 != 0
+	if withPrefix {
+		opts.Prefix = &PrefixOptions{BlockSize: 4}
+	}
+	c, err := New(pols[polIdx], opts)
+	if err != nil {
+		return err
+	}
+	var now int64
+	live := map[string]*fuzzEP{}
+	var reqs []*fuzzReq
+	byReq := map[*Request]*fuzzReq{}
+	shut := false
+
+	setEndpoints := func() {
+		var in []Endpoint
+		for _, a := range fuzzAddrs {
+			if e := live[a]; e != nil {
+				in = append(in, Endpoint{Addr: a, Tainted: e.tainted, MaxBatchedTokens: e.maxBatched})
+			}
+		}
+		c.SetEndpoints(now, in)
+	}
+	// matchLive lists the live endpoints an allow-list names.
+	matchLive := func(allow []string) []*fuzzEP {
+		var out []*fuzzEP
+		for _, a := range fuzzAddrs {
+			e := live[a]
+			if e == nil {
+				continue
+			}
+			for _, x := range allow {
+				host, _, _ := net.SplitHostPort(a)
+				if x == a || x == host {
+					out = append(out, e)
+					break
+				}
+			}
+		}
+		return out
+	}
+	allowed := func(fr *fuzzReq, addr string) bool {
+		if fr.allow == nil {
+			return true
+		}
+		host, _, _ := net.SplitHostPort(addr)
+		return slices.Contains(fr.allow, addr) || slices.Contains(fr.allow, host)
+	}
+
+	check := func(step int, op string) error {
+		// The unseen estimates only change on scrapes: read them before
+		// the drain's grants move the accounting.
+		for _, es := range c.Snapshot().Endpoints {
+			if e := live[es.Addr]; e != nil {
+				e.unseenFromCore = es.UnseenPrefill
+			}
+		}
+		for _, l := range c.Drain(now) {
+			fr := byReq[l.Req]
+			if fr == nil {
+				return fmt.Errorf("step %d (%s): a decision for a request never admitted", step, op)
+			}
+			if fr.left++; fr.left > 1 {
+				return fmt.Errorf("step %d (%s): request %p left twice", step, op, fr.r)
+			}
+			var shed *ShedError
+			if errors.As(l.Err, &shed) {
+				if shed.Waited != time.Duration(now-fr.admitted) || shed.Waited < shed.Budget {
+					return fmt.Errorf("step %d (%s): shed after %s of a %s budget, admitted %s before now",
+						step, op, shed.Waited, shed.Budget, time.Duration(now-fr.admitted))
+				}
+			}
+			if l.Grant == nil {
+				continue
+			}
+			ci := slices.IndexFunc(c.pol.Classes, func(x drr.ClassConfig) bool { return x.Name == l.Class })
+			if ci < 0 {
+				return fmt.Errorf("step %d (%s): grant in class %q the policy does not have", step, op, l.Class)
+			}
+			for k, addr := range l.Grant.Endpoints {
+				e := live[addr]
+				switch {
+				case e == nil:
+					return fmt.Errorf("step %d (%s): granted endpoint %s is not live", step, op, addr)
+				case !allowed(fr, addr):
+					return fmt.Errorf("step %d (%s): granted %s outside the allow-list %v", step, op, addr, fr.allow)
+				case e.tainted && !fr.pinned:
+					return fmt.Errorf("step %d (%s): granted tainted %s to an unpinned request", step, op, addr)
+				case !e.stale && e.waiting > fuzzMaxEngineQueue:
+					return fmt.Errorf("step %d (%s): granted %s past the overload filter (%d waiting)", step, op, addr, e.waiting)
+				}
+				rule := c.pol.Busy[ci]
+				busy := e.stale || rule.EndpointBusy(drr.SaturatingAdd(e.active, e.unseenFromCore), e.maxBatched)
+				if k == 0 && busy && c.pol.Classes[ci].Queueing {
+					return fmt.Errorf("step %d (%s): class %s pick %s is busy (active %d, unseen %d, stale %t)",
+						step, op, l.Class, addr, e.active, e.unseenFromCore, e.stale)
+				}
+			}
+			e := live[l.Grant.Endpoints[0]]
+			fr.grant, fr.onEP, fr.prefill = l.Grant, e, l.Req.Ticket.Uncached()
+			e.active += fr.prefill
+			e.inFlight++
+		}
+		snap := c.Snapshot()
+		if len(snap.Endpoints) != len(live) {
+			return fmt.Errorf("step %d (%s): core has %d endpoints, model %d", step, op, len(snap.Endpoints), len(live))
+		}
+		for _, es := range snap.Endpoints {
+			e := live[es.Addr]
+			if e == nil || es.ActivePrefill != e.active || es.InFlight != e.inFlight {
+				return fmt.Errorf("step %d (%s): endpoint %s accounting %d/%d, model %+v", step, op, es.Addr, es.ActivePrefill, es.InFlight, e)
+			}
+		}
+		return nil
+	}
+	release := func(fr *fuzzReq, ev Event) {
+		if fr.released || fr.grant == nil {
+			return
+		}
+		c.Release(fr.grant, ev)
+		if !fr.firstOK {
+			fr.firstOK = true
+			fr.onEP.active -= fr.prefill
+		}
+		if ev == EventDone {
+			fr.released = true
+			fr.onEP.inFlight--
+		}
+	}
+	pickReq := func(ok func(*fuzzReq) bool) *fuzzReq {
+		var cands []*fuzzReq
+		for _, fr := range reqs {
+			if ok(fr) {
+				cands = append(cands, fr)
+			}
+		}
+		if len(cands) == 0 {
+			return nil
+		}
+		return cands[int(next())%len(cands)]
+	}
+
+	for step := 0; pos < len(data) && step < 600; step++ {
+		op := next() % 16
+		name := ""
+		switch op {
+		case 0, 1, 2, 3, 4: // admit
+			name = "admit"
+			b := next()
+			t := &Ticket{ClassHeader: fmt.Sprintf("c%d", b%4), RawISL: uint64(next())*4 + uint64(b&3),
+				Priority: int32(int8(next())), Strict: uint32(next() % 3)}
+			if withPrefix { // prompts of a few shared prefixes, so overlaps happen
+				group := uint64(next() % 4)
+				n := int(t.RawISL / 4)
+				for i := range n {
+					t.Blocks = append(t.Blocks, group<<32|uint64(i))
+				}
+				t.BlockSize = 4
+			}
+			fr := &fuzzReq{}
+			switch h := next() % 8; {
+			case h == 5:
+				t.Allow, t.HasAllow = []string{}, true
+			case h == 6:
+				t.Allow, t.HasAllow = []string{"10.9.9.9:1"}, true
+			case h == 7:
+				t.Allow, t.HasAllow = []string{"10.0.0.1"}, true
+			case h >= 3:
+				t.Allow, t.HasAllow = []string{fuzzAddrs[int(next())%len(fuzzAddrs)], fuzzAddrs[int(next())%len(fuzzAddrs)]}, true
+			case h == 2:
+				t.Allow, t.HasAllow = []string{fuzzAddrs[int(next())%len(fuzzAddrs)]}, true
+			}
+			if t.HasAllow {
+				fr.allow = slices.Clone(t.Allow)
+				fr.pinned = len(matchLive(t.Allow)) == 1
+			}
+			fr.r = new(Request)
+			fr.r.Reset(t, nil)
+			fr.admitted = now
+			reqs = append(reqs, fr)
+			byReq[fr.r] = fr
+			c.Admit(now, fr.r)
+		case 5: // first byte
+			name = "first byte"
+			if fr := pickReq(func(fr *fuzzReq) bool { return fr.grant != nil && !fr.firstOK }); fr != nil {
+				release(fr, EventFirstByte)
+			}
+		case 6, 7: // done
+			name = "done"
+			if fr := pickReq(func(fr *fuzzReq) bool { return fr.grant != nil && !fr.released }); fr != nil {
+				release(fr, EventDone)
+			}
+		case 8: // cancel: a queued request, or a grant its caller never received
+			name = "cancel"
+			if fr := pickReq(func(fr *fuzzReq) bool { return !fr.released }); fr != nil {
+				wasGrant := fr.grant != nil && fr.r.Left()
+				c.Cancel(fr.r)
+				if wasGrant {
+					release(fr, EventDone)
+				}
+			}
+		case 9: // add an endpoint (a removed address comes back as a new one)
+			name = "add endpoint"
+			a := fuzzAddrs[int(next())%len(fuzzAddrs)]
+			if live[a] == nil {
+				live[a] = &fuzzEP{addr: a, maxBatched: uint64(next()) * 64}
+				setEndpoints()
+			}
+		case 10: // remove an endpoint
+			name = "remove endpoint"
+			a := fuzzAddrs[int(next())%len(fuzzAddrs)]
+			if e := live[a]; e != nil {
+				e.removed = true
+				delete(live, a)
+				setEndpoints()
+			}
+		case 11: // taint or untaint
+			name = "taint"
+			a := fuzzAddrs[int(next())%len(fuzzAddrs)]
+			if e := live[a]; e != nil {
+				e.tainted = !e.tainted
+				setEndpoints()
+			}
+		case 12: // policy swap
+			name = "policy swap"
+			before := c.Len()
+			polIdx = int(next()) % len(pols)
+			if err := c.SetPolicy(pols[polIdx]); err != nil {
+				return fmt.Errorf("step %d: policy swap: %w", step, err)
+			}
+			if c.Len() != before {
+				return fmt.Errorf("step %d: policy swap left %d queued of %d", step, c.Len(), before)
+			}
+		case 13: // scrape
+			name = "scrape"
+			a := fuzzAddrs[int(next())%len(fuzzAddrs)]
+			b := next()
+			m := podmetrics.Metrics{Waiting: int(b % 6), Running: int(b / 64), Known: podmetrics.Waiting}
+			stale := b&0x80 != 0
+			if e := live[a]; e != nil {
+				e.stale = stale
+				if !stale {
+					e.waiting = m.Waiting
+				}
+			}
+			c.SetMetrics(a, m, stale)
+		case 14: // time passes
+			name = "time step"
+			now += int64(next()) * int64(10*time.Millisecond)
+		case 15: // shutdown, rarely
+			name = "shutdown"
+			if next() == 0xff && !shut {
+				shut = true
+				c.Shutdown(now)
+			}
+		}
+		if err := check(step, name); err != nil {
+			return err
+		}
+	}
+	// Wind down: release every grant, shut down, and everything must have
+	// left exactly once with the accounting back at zero.
+	for _, fr := range reqs {
+		release(fr, EventDone)
+	}
+	c.Shutdown(now)
+	if err := check(-1, "wind down"); err != nil {
+		return err
+	}
+	for _, fr := range reqs {
+		if fr.left != 1 {
+			return fmt.Errorf("request (allow %v) left %d times, want exactly once", fr.allow, fr.left)
+		}
+		if fr.grant != nil && !fr.released {
+			return fmt.Errorf("grant %v never released", fr.grant.Endpoints)
+		}
+	}
+	if c.Len() != 0 {
+		return fmt.Errorf("%d requests still queued after shutdown", c.Len())
+	}
+	for _, es := range c.Snapshot().Endpoints {
+		if es.ActivePrefill != 0 || es.InFlight != 0 {
+			return fmt.Errorf("endpoint %s holds %d prefill tokens and %d in flight after every release", es.Addr, es.ActivePrefill, es.InFlight)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,205 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/laneway-dev/laneway/pkg/drr"
+	"github.com/laneway-dev/laneway/pkg/policy"
+)
+
+// Policy is a compiled class table: the DRR classes, their busy rules (same
+// index) and the function that resolves a ticket to a class index. It is a
+// snapshot: the core never modifies it.
+type Policy struct {
+	Classes []drr.ClassConfig
+	Busy    []policy.BusyTest
+	// Resolve maps a ticket to an index of Classes. It runs on the core's
+	// goroutine, also for queued tickets when the policy changes, so it must
+	// be fast and must not block. An index out of range means class 0.
+	Resolve func(t *Ticket) int
+}
+
+// FromCompiled adapts a compiled policy: classes resolve by the ticket's
+// model, class header and uncached tokens (SPEC §2).
+func FromCompiled(c *policy.Compiled) *Policy {
+	return &Policy{
+		Classes: c.Classes,
+		Busy:    c.Busy,
+		Resolve: func(t *Ticket) int { return c.Resolve(t.Model, t.ClassHeader, t.Uncached()) },
+	}
+}
+
+// Validate reports a policy the core cannot run: no classes, a busy rule
+// missing, or no resolver.
+func (p *Policy) Validate() error {
+	if p == nil || len(p.Classes) == 0 {
+		return errors.New("policy has no classes")
+	}
+	if len(p.Busy) != len(p.Classes) {
+		return fmt.Errorf("policy has %d classes but %d busy rules", len(p.Classes), len(p.Busy))
+	}
+	if p.Resolve == nil {
+		return errors.New("policy has no resolver")
+	}
+	return nil
+}
+
+// resolve is Resolve with out-of-range answers mapped to class 0.
+func (p *Policy) resolve(t *Ticket) int {
+	c := p.Resolve(t)
+	if c < 0 || c >= len(p.Classes) {
+		return 0
+	}
+	return c
+}
+
+// Ticket is one request as the core sees it: who it is (for class
+// resolution), what it costs, how it is ordered and where it may go.
+type Ticket struct {
+	// Model and ClassHeader feed Policy.Resolve.
+	Model       string
+	ClassHeader string
+	// RawISL and Cached are the cost snapshot of SPEC §1.
+	RawISL uint64
+	Cached uint64
+	// Priority and Strict are the ordering hints of SPEC §3. HasPriority
+	// says the request carried a priority hint (body or header), which is
+	// what may be forwarded to the engine.
+	Priority    int32
+	Strict      uint32
+	HasPriority bool
+	// Blocks are the prompt's chained block hashes (pkg/tokenize) at
+	// BlockSize tokens per block, for the prefix-cache index: the core
+	// fills Cached from them at admission (the best overlap over the
+	// eligible endpoints) and records them on the endpoint it picks. Nil
+	// leaves Cached as it is. The core reads them until the request leaves.
+	Blocks    []uint64
+	BlockSize int
+	// Allow, when HasAllow, restricts the request to these "ip" or
+	// "ip:port" entries (subset hint, conformance header). An empty list
+	// with HasAllow answers 503. When it names exactly one endpoint the
+	// request is pinned to that endpoint's exact lane.
+	Allow    []string
+	HasAllow bool
+	// Class is the resolved class index, set by the core.
+	Class int
+}
+
+// Uncached is the ticket's uncached prompt tokens (SPEC §1).
+func (t *Ticket) Uncached() uint64 { return drr.Uncached(t.RawISL, t.Cached) }
+
+// Endpoint is one model-server endpoint (pod × target port) in a snapshot
+// handed to SetEndpoints.
+type Endpoint struct {
+	// Addr is "ip:port".
+	Addr string
+	// MaxBatchedTokens is the engine's max_num_batched_tokens; 0 = unknown.
+	MaxBatchedTokens uint64
+	// Tainted endpoints take no new unpinned requests (being deleted, not
+	// ready, or annotated NoSchedule).
+	Tainted bool
+	// Engine names the model server's engine (vllm, sglang, trtllm: the
+	// pod label inference.networking.k8s.io/engine-type); empty, or a name
+	// policy.ParseEngine does not know, means Options.DefaultEngine. It
+	// chooses the metric names scraped and the polarity of a forwarded
+	// priority.
+	Engine string
+}
+
+// EngineOf resolves an endpoint's engine name against the default.
+func EngineOf(name string, def policy.Engine) policy.Engine {
+	if name == "" {
+		return def
+	}
+	e, err := policy.ParseEngine(name)
+	if err != nil {
+		return def
+	}
+	return e
+}
+
+// NoEndpointError answers 503: no endpoint is eligible for the request.
+type NoEndpointError struct {
+	// Filter names what removed the last candidate (for the answer).
+	Filter string
+}
+
+func (e *NoEndpointError) Error() string {
+	return "no eligible endpoint: " + e.Filter
+}
+
+// ShedError answers 429: the request waited past its class's budget.
+type ShedError struct {
+	Class  string
+	Waited time.Duration
+	Budget time.Duration
+}
+
+func (e *ShedError) Error() string {
+	return fmt.Sprintf("policy class %q: queued %s, past its wait budget of %s", e.Class, e.Waited.Round(time.Millisecond), e.Budget)
+}
+
+// ErrShuttingDown answers 503: the core is draining.
+var ErrShuttingDown = errors.New("endpoint picker is shutting down")
+
+// ErrCancelled is the error of a request whose caller gave up while it was
+// queued (nobody reads the answer; metrics count it).
+var ErrCancelled = errors.New("request cancelled by its caller while queued")
+
+// Reasons name why a request was answered with an error, as the
+// laneway_rejections_total reason label spells them.
+const (
+	ReasonQueueLimit   = "queue_limit" // prefix: the limit kind follows after "_"
+	ReasonShed         = "shed"
+	ReasonNoEndpoints  = "no_endpoints"
+	ReasonShuttingDown = "shutting_down"
+	ReasonCancelled    = "cancelled"
+)
+
+// Leave is one decision about one request: it was granted an endpoint
+// (Grant set) or answered with an error (Err and Reason set). Every
+// admitted Request produces exactly one Leave.
+type Leave struct {
+	Req *Request
+	// Grant is the endpoint given, nil for an error.
+	Grant *Grant
+	// Err is the answer of a request that was not granted: *drr.Rejection
+	// (429), *ShedError (429), *NoEndpointError (503), ErrShuttingDown
+	// (503) or ErrCancelled.
+	Err error
+	// Reason is the metrics reason of Err (see the Reason constants; limit
+	// rejections say queue_limit_<kind>).
+	Reason string
+	// Class is the name of the request's class when it left.
+	Class string
+	// Queued says the request waited in the queue; Wait is how long
+	// (0 for a direct grant).
+	Queued bool
+	Wait   time.Duration
+}
+
+// EndpointSnapshot is one endpoint's accounting for metrics.
+type EndpointSnapshot struct {
+	Addr          string
+	ActivePrefill uint64
+	InFlight      int
+	Tainted       bool
+	// Stale: the endpoint's metrics are expected and not fresh.
+	Stale bool
+	// UnseenWaiting is the estimate of requests waiting in the engine that
+	// this picker did not send, and UnseenPrefill their prompt tokens as
+	// the busy test counts them.
+	UnseenWaiting int
+	UnseenPrefill uint64
+	// IndexTokens is the prompt tokens the prefix index remembers for it.
+	IndexTokens uint64
+}
+
+// Snapshot is the core's state at one instant.
+type Snapshot struct {
+	Classes   []drr.ClassStats
+	Endpoints []EndpointSnapshot
+	Queued    int
+}
