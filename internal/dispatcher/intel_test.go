@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/laneway-dev/laneway/pkg/drr"
-	"github.com/laneway-dev/laneway/pkg/sched"
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
 	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
