@@ -17,6 +17,19 @@ import (
 // a package's tests there).
 const root = ".."
 
+// notYet lists the packages docs/architecture.md describes as they are
+// after issue 13 but that other branches of that issue create: paths at or
+// under them are not checked yet.
+//
+// TODO(issue 13 merge): delete this map and its use in
+// TestArchitecturePathsExist once pkg/sched, internal/launch and
+// internal/load are merged.
+var notYet = map[string]bool{
+	"pkg/sched":       true,
+	"internal/launch": true,
+	"internal/load":   true,
+}
+
 // skipDirs are directories of the tree that hold no sources: the .git
 // store, built tools and binaries (bin/ links to the envtest binaries),
 // and run output.
@@ -346,4 +359,69 @@ func TestDocAnchorsResolve(t *testing.T) {
 	if checked == 0 {
 		t.Error("found no link to a heading; the scan is probably broken")
 	}
+}
+
+// pathRE is a repository path as docs/architecture.md names packages and
+// files: a top-level source or configuration directory and what follows,
+// not preceded by a character that would make it part of a longer path or
+// an import path (github.com/.../pkg/x).
+var pathRE = regexp.MustCompile(`(?:^|[^A-Za-z0-9_./-])((?:pkg|internal|cmd|api|test|config|charts|hack|build|docs)/[A-Za-z0-9_./-]*)`)
+
+// architecturePaths returns the repository paths a page names, trimmed of
+// sentence punctuation and Go's "/..." pattern suffix.
+func architecturePaths(md []byte) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, m := range pathRE.FindAllSubmatch(md, -1) {
+		p := string(m[1])
+		p = strings.TrimSuffix(p, "/...")
+		p = strings.TrimRight(p, "./")
+		if p == "" || seen[p] {
+			continue
+		}
+		seen[p] = true
+		out = append(out, p)
+	}
+	return out
+}
+
+// TestArchitecturePaths pins the path reader.
+func TestArchitecturePaths(t *testing.T) {
+	in := "`pkg/drr` and `internal/load/h2client`; see pkg/extproc. Not github.com/laneway-dev/laneway/pkg/x nor cmd/... twice: `pkg/drr`."
+	want := []string{"pkg/drr", "internal/load/h2client", "pkg/extproc", "cmd"}
+	if got := architecturePaths([]byte(in)); !slices.Equal(got, want) {
+		t.Errorf("paths = %q, want %q", got, want)
+	}
+}
+
+// TestArchitecturePathsExist fails when docs/architecture.md names a
+// package or file path that does not exist in the tree, so the page cannot
+// go on describing a package after it moved or disappeared.
+func TestArchitecturePathsExist(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(root, "docs", "architecture.md"))
+	if err != nil {
+		t.Fatalf("read the architecture page: %v", err)
+	}
+	paths := architecturePaths(data)
+	if len(paths) < 20 {
+		t.Fatalf("found only %d paths in docs/architecture.md (%q); the scan is probably broken", len(paths), paths)
+	}
+	for _, p := range paths {
+		if pending(p) {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(root, filepath.FromSlash(p))); err != nil {
+			t.Errorf("docs/architecture.md names %s, which is not in the tree: %v", p, err)
+		}
+	}
+}
+
+// pending reports whether p is at or under a notYet package.
+func pending(p string) bool {
+	for q := p; q != "." && q != "/" && q != ""; q = filepath.ToSlash(filepath.Dir(q)) {
+		if notYet[q] {
+			return true
+		}
+	}
+	return false
 }
