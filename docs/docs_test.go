@@ -25,7 +25,6 @@ const root = ".."
 // TestArchitecturePathsExist once pkg/sched, internal/launch and
 // internal/load are merged.
 var notYet = map[string]bool{
-	"pkg/sched":       true,
 	"internal/launch": true,
 	"internal/load":   true,
 }
