@@ -1,0 +1,95 @@
+package k8s
+
+import (
+	"syscall"
+	"testing"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/laneway-dev/laneway/internal/epp"
+)
+
+// TestSIGTERMDrainHandsOver: a leader SIGTERMed with one dispatched stream
+// open and requests queued answers the queued ones 503 shutting_down,
+// releases the Lease while the dispatched stream is still open (the
+// follower is ready before that stream ends, not after the drain), lets the
+// stream finish, and exits 0 within --drain-timeout.
+func TestSIGTERMDrainHandsOver(t *testing.T) {
+	const drainTimeout = 5 * time.Second
+	e := newEnv(t, false)
+	e.createPool("pool", "llm")
+	a := e.addPod("a", podSpec{app: "llm", ready: true})
+	// Threshold 0: the dispatched request's prefill makes the pod busy, so
+	// the next ones queue.
+	e.create(policyClass("lane", "pool", 100, ptr.To[int64](0)))
+	args := []string{
+		"--ha-enable-leader-election",
+		"--leader-election-lease-duration=" + leaseDuration.String(),
+		"--leader-election-renew-deadline=" + renewDeadline.String(),
+		"--leader-election-retry-period=" + retryPeriod.String(),
+		"--drain-timeout=" + drainTimeout.String(),
+	}
+	leader := e.startEPP("epp-1", "pool", args...)
+	leader.waitReady()
+	e.waitClass("lane", "accepted", accepted("True", "Accepted"))
+	leader.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
+	follower := e.startEPP("epp-2", "pool", args...)
+	wf := follower.watchReadiness()
+	<-follower.logs.await("waiting to be elected leader")
+
+	held := leader.start(ctx(t), request("lane"))
+	if got := routed(t, held); got != a.addr(e.port) {
+		t.Fatalf("held request routed to %s, want %s", got, a.addr(e.port))
+	}
+	const queued = 3
+	answers := make([]<-chan result, queued)
+	for i := range answers {
+		answers[i] = startAsync(leader, request("lane"))
+	}
+	leader.waitMetric(queued, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
+
+	t0 := time.Now()
+	if err := leader.proc.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM the leader: %v", err)
+	}
+	for i, ch := range answers {
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				t.Fatalf("queued request %d: %v", i, r.err)
+			}
+			d := r.ex.Decision()
+			if d.Routed() || d.Immediate.Status != 503 || d.Immediate.Headers.Get("x-laneway-reason") != epp.ReasonShuttingDown {
+				t.Fatalf("queued request %d answered %+v, want 503 %s", i, d, epp.ReasonShuttingDown)
+			}
+			_ = r.ex.Close()
+		case <-time.After(eventTimeout):
+			t.Fatalf("queued request %d not answered %v after SIGTERM", i, eventTimeout)
+		}
+	}
+
+	// The Lease goes while the dispatched stream is still open: the
+	// follower takes over at its next retry, well inside the drain.
+	handover := follower.waitStatus(wf, healthpb.HealthCheckResponse_SERVING, drainTimeout).Sub(t0)
+	select {
+	case <-leader.exited:
+		t.Fatalf("leader exited before the follower took over (%v after SIGTERM): its drain did not wait for the open stream", handover)
+	default:
+	}
+	t.Logf("follower ready %v after the leader's SIGTERM, the leader still draining one stream", handover.Round(time.Millisecond))
+	serve(t, follower.start(ctx(t), request("lane")))
+
+	// The dispatched stream plays to its end on the draining leader, which
+	// then exits 0 inside the drain timeout.
+	serve(t, held)
+	if err := leader.proc.Wait(drainTimeout); err != nil {
+		t.Fatalf("leader after its drain: %v", err)
+	}
+	exit := time.Since(t0)
+	t.Logf("leader exited 0 %v after SIGTERM (drain timeout %v)", exit.Round(time.Millisecond), drainTimeout)
+	if exit >= drainTimeout {
+		t.Errorf("leader took %v to exit, want within the drain timeout %v", exit, drainTimeout)
+	}
+}
