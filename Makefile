@@ -40,12 +40,13 @@ demo: build ## The weighted-share workload end to end: modelsim + epp + local ga
 ##@ Test
 
 .PHONY: test
-test: envtest controller-gen helm vet ## go vet + go test -race over the module (builds kube-apiserver, etcd, controller-gen and helm into bin/ first).
+test: envtest controller-gen helm vet ## go vet, staticcheck + go test -race over the module (builds kube-apiserver, etcd, controller-gen, helm and staticcheck into bin/ first).
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 
 .PHONY: vet
-vet: ## go vet and a gofmt check.
+vet: staticcheck ## go vet, staticcheck and a gofmt check.
 	$(GO) vet $(PKGS)
+	$(STATICCHECK) $(PKGS)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './bin/*')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
@@ -65,11 +66,12 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
 
 ##@ Generate
 
-# Code and manifest generators, built from hack/tools (its own module, so the
-# tools' dependencies stay out of laneway's go.mod).
+# Code and manifest generators and the linter, built from hack/tools (its
+# own module, so the tools' dependencies stay out of laneway's go.mod).
 TOOLS_DIR      := hack/tools
 CONTROLLER_GEN := $(BIN)/controller-gen
 HELM           := $(BIN)/helm
+STATICCHECK    := $(BIN)/staticcheck
 
 .PHONY: generate
 generate: controller-gen ## Generate deepcopy code for api/ (zz_generated.deepcopy.go).
@@ -91,6 +93,12 @@ helm: $(HELM) ## Build helm into bin/.
 
 $(HELM): $(TOOLS_DIR)/go.mod $(TOOLS_DIR)/go.sum
 	cd $(TOOLS_DIR) && $(GO) build -o $(HELM) helm.sh/helm/v3/cmd/helm
+
+.PHONY: staticcheck
+staticcheck: $(STATICCHECK) ## Build staticcheck into bin/.
+
+$(STATICCHECK): $(TOOLS_DIR)/go.mod $(TOOLS_DIR)/go.sum
+	cd $(TOOLS_DIR) && $(GO) build -o $(STATICCHECK) honnef.co/go/tools/cmd/staticcheck
 
 ##@ Chart and e2e
 

@@ -6,10 +6,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -35,15 +33,6 @@ func main() {
 	log := zap.New(zap.Level(zapcore.Level(-opts.Verbosity)))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if opts.PprofPort > 0 {
-		addr, stopPprof, err := epp.ServePprof(net.JoinHostPort(opts.BindAddress, strconv.Itoa(opts.PprofPort)))
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "epp:", err)
-			os.Exit(2)
-		}
-		defer stopPprof()
-		log.Info("serving pprof", "address", addr)
-	}
 	run := epp.Run // standalone: --endpoints and --policy-config
 	if opts.Kubernetes() {
 		run = epp.RunKube // --pool-name: the pool's pods and policy objects

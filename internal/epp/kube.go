@@ -2,7 +2,6 @@ package epp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/go-logr/logr"
@@ -28,6 +27,23 @@ import (
 // follower answers 503 not_leader. It returns when ctx ends and the drain
 // is over, or with an error when leadership is lost (the process should
 // exit and start again as a follower).
+//
+// The pieces and their order: the Server serves first (an unsynced
+// replica answers 503 not_ready) and runs the controller manager as its
+// part. The manager starts its caches, then, once they synced, the
+// endpoint and policy controllers and the readiness gate (every replica),
+// and once elected the status writer (the Lease holder only). On SIGTERM
+// the Server begins its drain and stops the manager, which stops the gate
+// and controllers, then the status writer, then the caches, and releases
+// the Lease, while dispatched streams finish.
+//
+// The servers are not the manager's own runnables: controller-runtime
+// releases the Lease only once all of those returned (a follower would
+// wait out the drain), on lost leadership returns without waiting for them
+// (the drain would be cut short), and starts them only after every
+// informer created before Start synced (today there is none, but one
+// field index at setup would keep an unsynced replica from even saying
+// not_ready).
 func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 	// client-go (leader election) logs through klog and controller-runtime
 	// through its own global; both go to the picker's logger.
@@ -38,7 +54,7 @@ func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	mgr, err := newManager(cfg, &opts.Kube, log)
+	mgr, err := newManager(cfg, opts, log)
 	if err != nil {
 		return err
 	}
@@ -60,6 +76,9 @@ func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 		Dispatcher:              srv.Dispatcher(),
 		Log:                     log.WithName("controller"),
 	})
+	if err == nil {
+		err = mgr.Add(&readinessGate{srv: srv, synced: ctrls.Synced(), elected: mgr.Elected(), election: opts.Kube.LeaderElection, log: log})
+	}
 	if err != nil {
 		srv.closeListeners()
 		return err
@@ -67,68 +86,77 @@ func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 	grpcAddr, healthAddr, metricsAddr := srv.Addrs()
 	log.Info("endpoint picker serving (Kubernetes mode)", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr,
 		"tls", opts.SecureServing, "pool", pool.String(), "leaderElection", opts.Kube.LeaderElection)
-
-	// The manager stops with ctx (SIGTERM) or on its own (leadership lost);
-	// either way the server drains. Cancelling the manager releases a held
-	// Lease, so a follower takes over while this replica drains.
-	mgrCtx, stopMgr := context.WithCancel(ctx)
-	defer stopMgr()
-	srvCtx, stopSrv := context.WithCancel(ctx)
-	defer stopSrv()
-	gateCtx, stopGate := context.WithCancel(mgrCtx)
-	gateDone := make(chan struct{})
-	go func() {
-		defer close(gateDone)
-		gateReadiness(gateCtx, srv, ctrls.Synced(), mgr.Elected(), opts.Kube.LeaderElection, log)
-	}()
-	mgrErr := make(chan error, 1)
-	go func() {
-		err := mgr.Start(mgrCtx)
-		if err != nil {
-			log.Error(err, "controller manager stopped; shutting down")
-		}
-		// The gate must not open after this point. A manager that stopped
-		// on its own lost the election; otherwise this is the SIGTERM drain.
-		stopGate()
-		<-gateDone
-		reason := ReasonNotLeader
-		if ctx.Err() != nil {
-			reason = ReasonShuttingDown
-		}
-		srv.SetNotReady(reason)
-		stopSrv()
-		mgrErr <- err
-	}()
-
-	srvErr := srv.Run(srvCtx)
-	stopMgr()
-	err = <-mgrErr
-	return errors.Join(srvErr, err)
+	return srv.Run(ctx, &managerPart{mgr: mgr, srv: srv, log: log})
 }
 
-// gateReadiness opens the handler gate once the controllers have synced and
+// managerPart runs the controller manager as a part of the Server. The
+// manager stops on its own only when leadership is lost (or it failed):
+// the replica then answers not_leader while it drains, and Run returns
+// the error so the process exits and restarts as a follower. Stopped by
+// the drain, it leaves the replica answering shutting_down.
+type managerPart struct {
+	mgr manager.Manager
+	srv *Server
+	log logr.Logger
+}
+
+// Start implements manager.Runnable.
+func (m *managerPart) Start(ctx context.Context) error {
+	err := m.mgr.Start(ctx)
+	if err != nil {
+		m.log.Error(err, "controller manager stopped; shutting down")
+	}
+	reason := ReasonShuttingDown
+	if ctx.Err() == nil {
+		reason = ReasonNotLeader
+	}
+	m.srv.SetNotReady(reason)
+	return err
+}
+
+// readinessGate opens the handler gate once the controllers have synced and
 // this replica is the leader (at once without leader election). A synced
-// follower says not_leader, so the gateway knows to retry the leader.
-func gateReadiness(ctx context.Context, srv *Server, synced, elected <-chan struct{}, election bool, log logr.Logger) {
+// follower says not_leader, so the gateway knows to retry the leader. It
+// runs on every replica: the manager starts it, with the controllers, once
+// its caches synced, and stops it first. A gate that sees its stop late
+// (the manager does not wait for it once leadership is lost) cannot reopen
+// a draining Server: SetReady no longer opens then.
+type readinessGate struct {
+	srv             *Server
+	synced, elected <-chan struct{}
+	election        bool
+	log             logr.Logger
+}
+
+var _ manager.LeaderElectionRunnable = (*readinessGate)(nil)
+
+// NeedLeaderElection implements manager.LeaderElectionRunnable: the gate
+// runs on followers too, to say not_leader.
+func (g *readinessGate) NeedLeaderElection() bool { return false }
+
+// Start implements manager.Runnable. It returns once the gate is open, or
+// when ctx ends first.
+func (g *readinessGate) Start(ctx context.Context) error {
 	select {
-	case <-synced:
+	case <-g.synced:
 	case <-ctx.Done():
-		return
+		return nil
 	}
-	if election {
-		srv.SetNotReady(ReasonNotLeader)
-		log.Info("caches synced; waiting to be elected leader")
+	if g.election {
+		g.srv.SetNotReady(ReasonNotLeader)
+		g.log.Info("caches synced; waiting to be elected leader")
 	}
 	select {
-	case <-elected:
+	case <-g.elected:
 	case <-ctx.Done():
-		return
+		return nil
 	}
 	if ctx.Err() != nil {
-		return // both were ready: stopping wins
+		return nil // both were ready: stopping wins
 	}
-	srv.SetReady(true)
-	log.Info("ready: caches synced, endpoints and policy loaded", "leader", election)
+	g.srv.SetReady(true)
+	g.log.Info("ready: caches synced, endpoints and policy loaded", "leader", g.election)
+	return nil
 }
 
 // restConfig resolves the API server connection as controller-runtime's
@@ -154,8 +182,11 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 
 // newManager builds the controller manager: cache scoped to the pool's
 // namespace, no metrics or probe server of its own (the picker serves
-// both), leader election on Lease laneway-epp-<pool> when enabled.
-func newManager(cfg *rest.Config, k *KubeOptions, log logr.Logger) (manager.Manager, error) {
+// both), leader election on Lease laneway-epp-<pool> when enabled, and
+// --drain-timeout for its runnables to stop, so that the whole shutdown,
+// which the manager spends beside the Server's drain, fits in it.
+func newManager(cfg *rest.Config, opts *Options, log logr.Logger) (manager.Manager, error) {
+	k := &opts.Kube
 	scheme, err := controller.NewScheme()
 	if err != nil {
 		return nil, err
@@ -177,6 +208,7 @@ func newManager(cfg *rest.Config, k *KubeOptions, log logr.Logger) (manager.Mana
 		LeaseDuration:                 &k.LeaseDuration,
 		RenewDeadline:                 &k.RenewDeadline,
 		RetryPeriod:                   &k.RetryPeriod,
+		GracefulShutdownTimeout:       &opts.DrainTimeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create the controller manager for pool %s/%s: %w", k.PoolNamespace, k.PoolName, err)

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/spf13/pflag"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/extproc"
@@ -125,6 +127,66 @@ func TestHandlerGate(t *testing.T) {
 			}
 			if acq.calls != tt.wantCalls {
 				t.Errorf("dispatcher called %d times, want %d", acq.calls, tt.wantCalls)
+			}
+		})
+	}
+}
+
+// TestReadinessGate: the gate opens once the controllers synced and, with
+// leader election, once this replica leads; a synced follower answers
+// not_leader; a gate stopped first leaves the server as it was.
+func TestReadinessGate(t *testing.T) {
+	tests := []struct {
+		name             string
+		election         bool
+		synced, elected  bool
+		awaitLog         string // logged before the gate blocks; "" when it does not block or blocks at once
+		stop             bool   // the gate waits: stop it
+		wantReason       string
+		wantReadyServing bool
+	}{
+		{name: "without election ready once synced", synced: true, elected: true, wantReason: "", wantReadyServing: true},
+		{name: "elected leader ready once synced", election: true, synced: true, elected: true, wantReason: "", wantReadyServing: true},
+		{name: "synced follower says not_leader", election: true, synced: true, awaitLog: "waiting to be elected leader", stop: true, wantReason: ReasonNotLeader},
+		{name: "unsynced stays not_ready", election: true, elected: true, stop: true, wantReason: ReasonNotReady},
+	}
+	closed := func(c bool) chan struct{} {
+		ch := make(chan struct{})
+		if c {
+			close(ch)
+		}
+		return ch
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newTestServer(t, nil)
+			logged := make(chan string, 4)
+			log := funcr.New(func(_, args string) { logged <- args }, funcr.Options{})
+			g := &readinessGate{srv: s, synced: closed(tt.synced), elected: closed(tt.elected), election: tt.election, log: log}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- g.Start(ctx) }()
+			if tt.awaitLog != "" {
+				if l := <-logged; !strings.Contains(l, tt.awaitLog) {
+					t.Fatalf("gate logged %s, want %q", l, tt.awaitLog)
+				}
+			}
+			if tt.stop {
+				cancel()
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("Start: %v", err)
+			}
+			if got := s.gate(); got != tt.wantReason {
+				t.Errorf("gate reason %q, want %q", got, tt.wantReason)
+			}
+			r, err := s.health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: HealthReadiness})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if serving := r.GetStatus() == healthpb.HealthCheckResponse_SERVING; serving != tt.wantReadyServing {
+				t.Errorf("readiness %v, want serving %v", r.GetStatus(), tt.wantReadyServing)
 			}
 		})
 	}

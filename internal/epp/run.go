@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/policy"
@@ -48,10 +49,13 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 		"tls", opts.SecureServing, "endpoints", len(eps), "classes", len(compiled.Classes))
 	logClasses(log, compiled)
 	srv.SetReady(true)
-	if opts.PolicyConfig != "" {
-		go watchPolicy(ctx, opts.PolicyConfig, opts.PolicyPollInterval, srv.Dispatcher(), log)
+	if opts.PolicyConfig == "" {
+		return srv.Run(ctx)
 	}
-	return srv.Run(ctx)
+	return srv.Run(ctx, manager.RunnableFunc(func(ctx context.Context) error {
+		watchPolicy(ctx, opts.PolicyConfig, opts.PolicyPollInterval, srv.Dispatcher(), log)
+		return nil
+	}))
 }
 
 func logClasses(log logr.Logger, c *policy.Compiled) {

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/internal/metrics"
@@ -38,7 +39,9 @@ const (
 )
 
 // Server is a running endpoint picker: the ext_proc gRPC server, the health
-// server, the metrics server and the dispatcher loop.
+// server, the metrics server, the pprof server when --pprof-port asks for
+// it, and the dispatcher loop. Run serves them, runs the picker's other
+// parts beside them and drains them in order.
 type Server struct {
 	opts    *Options
 	log     logr.Logger
@@ -53,10 +56,17 @@ type Server struct {
 	grpcLn, healthLn, metricsLn net.Listener
 	grpcSrv, healthSrv          *grpc.Server
 	metricsSrv                  *http.Server
+	// pprofLn and pprofSrv are nil unless --pprof-port is set.
+	pprofLn  net.Listener
+	pprofSrv *http.Server
 
-	// ready is what readiness reports before shutdown flips it.
-	mu    sync.Mutex
-	ready bool
+	// mu orders the readiness changes. ready is what readiness reports
+	// before the drain flips it; draining is set once the drain began,
+	// after which SetReady no longer opens anything (a readiness gate that
+	// has not yet seen its stop signal must not undo the drain).
+	mu       sync.Mutex
+	ready    bool
+	draining bool
 	// notServing is the handler gate's reason ("" = serving); it follows
 	// ready, and SetNotReady names why.
 	notServing atomic.Pointer[string]
@@ -123,22 +133,34 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	s.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 
-	for _, l := range []struct {
+	type listener struct {
+		flag string
 		port int
 		ln   *net.Listener
-	}{{opts.GRPCPort, &s.grpcLn}, {opts.GRPCHealthPort, &s.healthLn}, {opts.MetricsPort, &s.metricsLn}} {
+	}
+	listeners := []listener{
+		{"--grpc-port", opts.GRPCPort, &s.grpcLn},
+		{"--grpc-health-port", opts.GRPCHealthPort, &s.healthLn},
+		{"--metrics-port", opts.MetricsPort, &s.metricsLn},
+	}
+	if opts.PprofPort > 0 {
+		s.pprofSrv = pprofServer()
+		listeners = append(listeners, listener{"--pprof-port", opts.PprofPort, &s.pprofLn})
+	}
+	for _, l := range listeners {
 		ln, err := net.Listen("tcp", net.JoinHostPort(opts.BindAddress, strconv.Itoa(l.port)))
 		if err != nil {
 			s.closeListeners()
-			return nil, fmt.Errorf("listen on port %d: %w", l.port, err)
+			return nil, fmt.Errorf("%s: listen on port %d: %w", l.flag, l.port, err)
 		}
 		*l.ln = ln
 	}
 	return s, nil
 }
 
+// closeListeners releases the ports of a server that will not run.
 func (s *Server) closeListeners() {
-	for _, ln := range []net.Listener{s.grpcLn, s.healthLn, s.metricsLn} {
+	for _, ln := range []net.Listener{s.grpcLn, s.healthLn, s.metricsLn, s.pprofLn} {
 		if ln != nil {
 			ln.Close()
 		}
@@ -156,26 +178,30 @@ func (s *Server) Addrs() (grpcAddr, healthAddr, metricsAddr string) {
 
 // SetReady sets readiness (for example from leader election). A server
 // that is not ready still answers streams, with 503, so a gateway that
-// reaches it anyway retries elsewhere.
+// reaches it anyway retries elsewhere. Once the drain has begun SetReady
+// does not make the server ready again.
 func (s *Server) SetReady(ready bool) {
 	if !ready {
 		s.SetNotReady(ReasonNotReady)
 		return
 	}
-	s.notServing.Store(new(string))
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return
+	}
+	s.notServing.Store(new(string))
 	s.ready = true
-	s.mu.Unlock()
 	s.setServing(true)
 }
 
 // SetNotReady makes readiness NOT_SERVING and answers new streams 503 with
 // reason (for example ReasonNotLeader on a follower).
 func (s *Server) SetNotReady(reason string) {
-	s.notServing.Store(&reason)
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.notServing.Store(&reason)
 	s.ready = false
-	s.mu.Unlock()
 	s.setServing(false)
 }
 
@@ -192,38 +218,60 @@ func (s *Server) setServing(ok bool) {
 	}
 }
 
-// Run serves until ctx ends, then drains: readiness goes NOT_SERVING, queued
-// requests are answered 503, dispatched streams get DrainTimeout to finish.
-func (s *Server) Run(ctx context.Context) error {
+// Run serves until ctx ends, then drains. parts are the picker's other
+// long-running pieces: the controller manager in Kubernetes mode, the
+// policy file watcher standalone. They start once the servers serve, so a
+// replica answers (503 until it is ready) from its first moment, and are
+// told to stop when the drain begins, so that the manager releases its
+// Lease and a follower takes over while dispatched streams finish. The
+// server or a part stopping on its own (a part returns before ctx ends,
+// as the manager does when leadership is lost) begins the drain too, and
+// Run returns its error.
+//
+// The drain: readiness and liveness go NOT_SERVING and SetReady no longer
+// opens; queued requests are answered 503 shutting_down; dispatched
+// streams get DrainTimeout to finish. Then Run waits for the parts, closes
+// the health, metrics and pprof servers and stops the dispatcher loop
+// last, so nothing a part still sends it goes to a stopped loop.
+func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 	loopCtx, stopLoop := context.WithCancel(context.Background())
 	loopDone := make(chan struct{})
 	go func() { s.disp.Run(loopCtx); close(loopDone) }()
 
-	errc := make(chan error, 3)
-	go func() { errc <- s.grpcSrv.Serve(s.grpcLn) }()
-	go func() { errc <- s.healthSrv.Serve(s.healthLn) }()
-	go func() {
-		if err := s.metricsSrv.Serve(s.metricsLn); !errors.Is(err, http.ErrServerClosed) {
-			errc <- err
-			return
-		}
-		errc <- nil
-	}()
+	servers := s.serve()
 	s.mu.Lock()
-	ready := s.ready
+	s.setServing(s.ready)
 	s.mu.Unlock()
-	s.setServing(ready)
 
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case runErr = <-errc:
-		s.log.Error(runErr, "server stopped")
+	partsCtx, stopParts := context.WithCancel(ctx)
+	defer stopParts()
+	partErrs := make(chan error, len(parts))
+	for _, p := range parts {
+		go func() { partErrs <- p.Start(partsCtx) }()
 	}
 
-	s.log.Info("draining", "timeout", s.opts.DrainTimeout)
+	var errs []error
+	running := len(parts)
+	cause := "stop signal"
+	select {
+	case <-ctx.Done():
+	case err := <-servers:
+		s.log.Error(err, "server stopped")
+		errs = append(errs, err)
+		cause = "server stopped"
+	case err := <-partErrs: // the part logs its own failure
+		running--
+		errs = append(errs, err)
+		cause = "part stopped"
+	}
+
+	s.log.Info("draining", "timeout", s.opts.DrainTimeout, "cause", cause)
+	s.mu.Lock()
+	s.draining = true
 	s.setServing(false)
+	s.mu.Unlock()
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_NOT_SERVING)
+	stopParts()
 	s.disp.Shutdown()
 	stopped := make(chan struct{})
 	go func() { s.grpcSrv.GracefulStop(); close(stopped) }()
@@ -234,21 +282,41 @@ func (s *Server) Run(ctx context.Context) error {
 		s.grpcSrv.Stop()
 		<-stopped
 	}
+	for ; running > 0; running-- {
+		errs = append(errs, <-partErrs)
+	}
 	s.healthSrv.Stop()
 	shutCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = s.metricsSrv.Shutdown(shutCtx)
+	if s.pprofSrv != nil {
+		_ = s.pprofSrv.Close() // profiles in progress are not worth waiting for
+	}
 	s.intel.stop()
 	stopLoop()
 	<-loopDone
-	return runErr
+	return errors.Join(errs...)
 }
 
-// serverTLS returns the ext_proc server's TLS config: the certificate in
-// certPath (tls.crt, tls.key), reread when it changes, or a self-signed one
-// made at start. Gateways reach the picker through a Service and do not
-// verify it (as with the upstream picker); mount a real one with
-// --cert-path.
+// serve starts the servers on their listeners; the channel receives the
+// error of each one that stops other than by the drain.
+func (s *Server) serve() <-chan error {
+	errc := make(chan error, 4)
+	go func() { errc <- s.grpcSrv.Serve(s.grpcLn) }()
+	go func() { errc <- s.healthSrv.Serve(s.healthLn) }()
+	httpServe := func(srv *http.Server, ln net.Listener) {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}
+	go httpServe(s.metricsSrv, s.metricsLn)
+	if s.pprofSrv != nil {
+		s.log.Info("serving pprof", "address", s.pprofLn.Addr().String())
+		go httpServe(s.pprofSrv, s.pprofLn)
+	}
+	return errc
+}
+
 // TransportOptions are the ext_proc server's HTTP/2 transport settings.
 // They are exported so the load tool's reference server (test/load's
 // floor) runs on exactly the picker's transport.
@@ -266,6 +334,11 @@ func TransportOptions() []grpc.ServerOption {
 	}
 }
 
+// serverTLS returns the ext_proc server's TLS config: the certificate in
+// certPath (tls.crt, tls.key), reread when it changes, or a self-signed one
+// made at start. Gateways reach the picker through a Service and do not
+// verify it (as with the upstream picker); mount a real one with
+// --cert-path.
 func serverTLS(certPath string) (*tls.Config, error) {
 	if certPath == "" {
 		cert, err := tlsutil.SelfSigned()

@@ -13,7 +13,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
@@ -46,30 +45,10 @@ var benchResponseChunk = []byte("data: {\"choices\":[{\"text\":\"x\",\"finish_re
 // sent it, so it never looks busy here).
 func startBenchServer(b *testing.B) *Server {
 	b.Helper()
-	o := NewOptions()
-	o.BindAddress = "127.0.0.1"
-	o.GRPCPort, o.GRPCHealthPort, o.MetricsPort = 0, 0, 0
-	o.SecureServing = false
-	o.Intel.ScrapeMetrics = false
-	c, err := LoadPolicy("")
-	if err != nil {
-		b.Fatal(err)
-	}
-	s, err := NewServer(o, dispatcher.FromCompiled(c), BodyParser{}, logr.Discard())
-	if err != nil {
-		b.Fatal(err)
-	}
-	s.Dispatcher().SetEndpoints([]dispatcher.Endpoint{{Addr: "127.0.0.2:8000", MaxBatchedTokens: o.MaxNumBatchedTokens}})
+	s := newTestServer(b, nil)
+	s.Dispatcher().SetEndpoints([]dispatcher.Endpoint{{Addr: "127.0.0.2:8000", MaxBatchedTokens: s.opts.MaxNumBatchedTokens}})
 	s.SetReady(true)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	b.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Errorf("Run: %v", err)
-		}
-	})
+	runServer(b, s)
 	return s
 }
 

@@ -160,14 +160,9 @@ func (m *HeaderMutation) add(hm *extprocv3.HeaderMutation) {
 		if v == "" {
 			v = o.GetHeader().GetValue()
 		}
-		action := o.GetAppendAction()
-		if a := o.GetAppend(); a != nil { // the deprecated bool wins when set
-			action = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
-			if a.GetValue() {
-				action = corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD
-			}
-		}
-		m.Set = append(m.Set, Header{Key: strings.ToLower(o.GetHeader().GetKey()), Value: v, Action: action})
+		// Only append_action is read: the picker never sets the deprecated
+		// append flag, which append_action replaces.
+		m.Set = append(m.Set, Header{Key: strings.ToLower(o.GetHeader().GetKey()), Value: v, Action: o.GetAppendAction()})
 	}
 	m.Remove = append(m.Remove, hm.GetRemoveHeaders()...)
 }

@@ -12,7 +12,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 	lweppdatastore "sigs.k8s.io/gateway-api-inference-extension/pkg/lwepp/datastore"
 	lwepphandlers "sigs.k8s.io/gateway-api-inference-extension/pkg/lwepp/handlers"
 
@@ -134,8 +133,7 @@ func (a answerWith) Process(srv extprocv3.ExternalProcessor_ProcessServer) error
 }
 
 // TestHeaderMutationApply: options arrive over a real stream and are
-// applied with Envoy's semantics for each append action, including the
-// deprecated append flag.
+// applied with Envoy's semantics for each append action.
 func TestHeaderMutationApply(t *testing.T) {
 	opt := func(v string, a corev3.HeaderValueOption_HeaderAppendAction) *corev3.HeaderValueOption {
 		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "x-h", RawValue: []byte(v)}, AppendAction: a}
@@ -151,11 +149,9 @@ func TestHeaderMutationApply(t *testing.T) {
 		{name: "add if absent, present", opt: opt("new", corev3.HeaderValueOption_ADD_IF_ABSENT), have: []string{"old"}, want: []string{"old"}},
 		{name: "add if absent, absent", opt: opt("new", corev3.HeaderValueOption_ADD_IF_ABSENT), want: []string{"new"}},
 		{name: "overwrite if exists, absent", opt: opt("new", corev3.HeaderValueOption_OVERWRITE_IF_EXISTS), want: nil},
-		{name: "deprecated append false overwrites", opt: &corev3.HeaderValueOption{
-			Header: &corev3.HeaderValue{Key: "X-H", Value: "new"}, Append: wrapperspb.Bool(false)}, have: []string{"old"}, want: []string{"new"}},
-		{name: "deprecated append true appends", opt: &corev3.HeaderValueOption{
-			Header: &corev3.HeaderValue{Key: "x-h", Value: "new"}, Append: wrapperspb.Bool(true),
-			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}, have: []string{"old"}, want: []string{"old", "new"}},
+		{name: "overwrite if exists, present", opt: opt("new", corev3.HeaderValueOption_OVERWRITE_IF_EXISTS), have: []string{"old", "older"}, want: []string{"new"}},
+		{name: "string value, key lower-cased", opt: &corev3.HeaderValueOption{
+			Header: &corev3.HeaderValue{Key: "X-H", Value: "new"}, AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}, have: []string{"old"}, want: []string{"new"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

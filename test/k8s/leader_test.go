@@ -7,9 +7,6 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/internal/epp"
@@ -113,20 +110,7 @@ func TestDeposedLeaderStopsServing(t *testing.T) {
 	p.waitStatus(w, healthpb.HealthCheckResponse_SERVING, readyTimeout)
 	p.mayFail = true
 
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var l coordinationv1.Lease
-		if err := admin.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: epp.LeaseName("pool")}, &l); err != nil {
-			return err
-		}
-		now := metav1.NewMicroTime(time.Now())
-		l.Spec.HolderIdentity = ptr.To("intruder")
-		l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
-		l.Spec.LeaseDurationSeconds = ptr.To[int32](60)
-		return admin.Update(ctx(t), &l)
-	})
-	if err != nil {
-		t.Fatalf("take the Lease: %v", err)
-	}
+	e.usurpLease("intruder")
 	t0 := time.Now()
 	// Not serving: NOT_SERVING, or the health stream ending with the
 	// process, whichever the watch sees first.

@@ -1,0 +1,162 @@
+package k8s
+
+import (
+	"errors"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/laneway-dev/laneway/internal/epp"
+	"github.com/laneway-dev/laneway/internal/testproc"
+)
+
+// TestSIGTERMDrainHandsOver: a leader SIGTERMed with one dispatched stream
+// open and requests queued answers the queued ones 503 shutting_down,
+// releases the Lease while the dispatched stream is still open (the
+// follower is ready before that stream ends, not after the drain), lets the
+// stream finish, and exits 0 within --drain-timeout.
+func TestSIGTERMDrainHandsOver(t *testing.T) {
+	const drainTimeout = 5 * time.Second
+	e := newEnv(t, false)
+	e.createPool("pool", "llm")
+	a := e.addPod("a", podSpec{app: "llm", ready: true})
+	// Threshold 0: the dispatched request's prefill makes the pod busy, so
+	// the next ones queue.
+	e.create(policyClass("lane", "pool", 100, ptr.To[int64](0)))
+	args := append(electionFlags(), "--drain-timeout="+drainTimeout.String())
+	leader := e.startEPP("epp-1", "pool", args...)
+	leader.waitReady()
+	e.waitClass("lane", "accepted", accepted("True", "Accepted"))
+	leader.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
+	follower := e.startEPP("epp-2", "pool", args...)
+	wf := follower.watchReadiness()
+	<-follower.logs.await("waiting to be elected leader")
+
+	held := leader.start(ctx(t), request("lane"))
+	if got := routed(t, held); got != a.addr(e.port) {
+		t.Fatalf("held request routed to %s, want %s", got, a.addr(e.port))
+	}
+	const queued = 3
+	answers := make([]<-chan result, queued)
+	for i := range answers {
+		answers[i] = startAsync(leader, request("lane"))
+	}
+	leader.waitMetric(queued, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
+
+	t0 := time.Now()
+	if err := leader.proc.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM the leader: %v", err)
+	}
+	for i, ch := range answers {
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				t.Fatalf("queued request %d: %v", i, r.err)
+			}
+			d := r.ex.Decision()
+			if d.Routed() || d.Immediate.Status != 503 || d.Immediate.Headers.Get("x-laneway-reason") != epp.ReasonShuttingDown {
+				t.Fatalf("queued request %d answered %+v, want 503 %s", i, d, epp.ReasonShuttingDown)
+			}
+			_ = r.ex.Close()
+		case <-time.After(eventTimeout):
+			t.Fatalf("queued request %d not answered %v after SIGTERM", i, eventTimeout)
+		}
+	}
+
+	// The Lease goes while the dispatched stream is still open: the
+	// follower takes over at its next retry, well inside the drain.
+	handover := follower.waitStatus(wf, healthpb.HealthCheckResponse_SERVING, drainTimeout).Sub(t0)
+	select {
+	case <-leader.exited:
+		t.Fatalf("leader exited before the follower took over (%v after SIGTERM): its drain did not wait for the open stream", handover)
+	default:
+	}
+	t.Logf("follower ready %v after the leader's SIGTERM, the leader still draining one stream", handover.Round(time.Millisecond))
+	serve(t, follower.start(ctx(t), request("lane")))
+
+	// The dispatched stream plays to its end on the draining leader, which
+	// then exits 0 inside the drain timeout.
+	serve(t, held)
+	if err := leader.proc.Wait(drainTimeout); err != nil {
+		t.Fatalf("leader after its drain: %v", err)
+	}
+	exit := time.Since(t0)
+	t.Logf("leader exited 0 %v after SIGTERM (drain timeout %v)", exit.Round(time.Millisecond), drainTimeout)
+	if exit >= drainTimeout {
+		t.Errorf("leader took %v to exit, want within the drain timeout %v", exit, drainTimeout)
+	}
+}
+
+// TestDeposedLeaderDrains: a leader that loses its Lease while a stream is
+// dispatched stops being ready, lets that stream play to its end and only
+// then exits, with a failure status so it restarts as a follower.
+func TestDeposedLeaderDrains(t *testing.T) {
+	e := newEnv(t, false)
+	e.createPool("pool", "llm")
+	a := e.addPod("a", podSpec{app: "llm", ready: true})
+	p := e.startEPP("epp", "pool", electionFlags()...)
+	w := p.watchReadiness()
+	p.waitStatus(w, healthpb.HealthCheckResponse_SERVING, readyTimeout)
+	p.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
+	p.mayFail = true
+	held := p.start(ctx(t), request(""))
+	routed(t, held)
+
+	e.usurpLease("usurper")
+	p.waitStatus(w, healthpb.HealthCheckResponse_NOT_SERVING, eventTimeout)
+	select {
+	case <-p.logs.await("leader election lost"):
+	case <-time.After(eventTimeout):
+		t.Fatalf("deposed leader did not log the lost election\n%s", p.logs)
+	}
+	select {
+	case <-p.exited:
+		t.Fatal("deposed leader exited with a stream still dispatched")
+	default:
+	}
+	serve(t, held)
+	err := p.proc.Wait(eventTimeout)
+	var exit *exec.ExitError
+	if errors.Is(err, testproc.ErrNotStopped) || !errors.As(err, &exit) {
+		t.Errorf("deposed leader after its last stream ended: %v, want a failure exit so it restarts", err)
+	}
+}
+
+// electionFlags turn on leader election with the tests' short timing.
+func electionFlags() []string {
+	return []string{
+		"--ha-enable-leader-election",
+		"--leader-election-lease-duration=" + leaseDuration.String(),
+		"--leader-election-renew-deadline=" + renewDeadline.String(),
+		"--leader-election-retry-period=" + retryPeriod.String(),
+	}
+}
+
+// usurpLease makes holder the holder of the pool's election Lease for a
+// minute, as another candidate would: the present leader fails its next
+// renewal.
+func (e *env) usurpLease(holder string) {
+	e.t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var l coordinationv1.Lease
+		if err := admin.Get(ctx(e.t), client.ObjectKey{Namespace: e.ns, Name: epp.LeaseName("pool")}, &l); err != nil {
+			return err
+		}
+		now := metav1.NewMicroTime(time.Now())
+		l.Spec.HolderIdentity = ptr.To(holder)
+		l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
+		l.Spec.LeaseDurationSeconds = ptr.To[int32](60)
+		return admin.Update(ctx(e.t), &l)
+	})
+	if err != nil {
+		e.t.Fatalf("take the Lease: %v", err)
+	}
+}
