@@ -64,7 +64,7 @@ func newBenchQueue(b *testing.B, cfg benchSetup) *benchQueue {
 func (q *benchQueue) request() Request {
 	i := q.n
 	q.n++
-	r := Request{Class: i % q.cfg.classes, Pinned: NoEndpoint, Priority: int32(q.rng.IntN(3))}
+	r := Request{Class: int32(i % q.cfg.classes), Pinned: NoEndpoint, Priority: int32(q.rng.IntN(3))}
 	if q.cfg.lanes > 0 && i%2 == 1 {
 		r.Pinned = EndpointID((i / 2) % q.cfg.lanes)
 	}
@@ -286,4 +286,96 @@ func BenchmarkMemoryPerRequest(b *testing.B) {
 			b.ReportMetric(perReq, "B/req")
 		})
 	}
+}
+
+// BenchmarkTenantPop is one Pop from a tenant-fair class whose queue holds
+// one request for each of T tenants (the shape of many small callers), or
+// for T = 1 a queue of 10,000 requests of one tenant: the tenant DRR's
+// O(log T) on top of the class ring. Popped requests are offered again
+// with the timer stopped, each for the tenant it came from.
+func BenchmarkTenantPop(b *testing.B) {
+	for _, tenants := range []int{1, 100, 10_000} {
+		b.Run(fmt.Sprintf("tenants=%d", tenants), func(b *testing.B) {
+			s, err := New([]ClassConfig{func() ClassConfig { c := qclass("c", 512, FCFS); c.TenantFairness = true; return c }()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			names := make([]string, tenants)
+			for i := range names {
+				names[i] = fmt.Sprintf("tenant-%05d", i)
+			}
+			rng := rand.New(rand.NewPCG(3, 9))
+			var arrival int64
+			offer := func(name string) {
+				arrival++
+				r := Request{Pinned: NoEndpoint, RawISL: 1 + rng.Uint64N(1024), Arrival: arrival, Payload: name}
+				if _, err := s.OfferTenant(r, Tenant{Name: name, Weight: 1 + uint64(len(name)%3)}, 1, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := range max(tenants, 10_000) {
+				offer(names[i%tenants])
+			}
+			batch := 256
+			popped := make([]string, 0, batch)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; {
+				n := min(batch, b.N-i)
+				for range n {
+					it, out := s.Pop(0, benchProbe{})
+					if out != Dispatch {
+						b.Fatalf("Pop outcome %v", out)
+					}
+					popped = append(popped, it.Payload.(string))
+				}
+				i += n
+				b.StopTimer()
+				for _, name := range popped {
+					offer(name)
+				}
+				popped = popped[:0]
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// BenchmarkMemoryPerTenant reports what an active tenant costs beyond its
+// requests: 10,000 requests queued for 10,000 tenants against the same
+// requests for one tenant, in a tenant-fair class.
+func BenchmarkMemoryPerTenant(b *testing.B) {
+	const n = 10_000
+	heap := func(tenants int) float64 {
+		var m0, m1 runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m0)
+		c := qclass("c", 512, FCFS)
+		c.TenantFairness = true
+		s, err := New([]ClassConfig{c})
+		if err != nil {
+			b.Fatal(err)
+		}
+		names := make([]string, tenants)
+		for i := range names {
+			names[i] = fmt.Sprintf("tenant-%05d", i) // the caller holds the names either way
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&m0)
+		for i := range n {
+			if _, err := s.OfferTenant(Request{Pinned: NoEndpoint, RawISL: 100, Arrival: int64(i)}, Tenant{Name: names[i%tenants]}, 1, true); err != nil {
+				b.Fatal(err)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&m1)
+		runtime.KeepAlive(s)
+		runtime.KeepAlive(names)
+		return float64(int64(m1.HeapAlloc) - int64(m0.HeapAlloc))
+	}
+	var perTenant float64
+	for range b.N {
+		perTenant = (heap(n) - heap(1)) / (n - 1)
+	}
+	b.ReportMetric(perTenant, "B/tenant")
 }

@@ -39,14 +39,14 @@ func TestFairnessBound(t *testing.T) {
 			arrival := int64(0)
 			add := func(c int) {
 				arrival++
-				enqueue(t, s, Request{Class: c, Pinned: NoEndpoint, RawISL: 1 + rng.Uint64N(maxCost[c]), Arrival: arrival})
+				enqueue(t, s, Request{Class: int32(c), Pinned: NoEndpoint, RawISL: 1 + rng.Uint64N(maxCost[c]), Arrival: arrival})
 			}
 			for c := 0; c < nc; c++ {
 				for k := 0; k < 4; k++ {
 					add(c)
 				}
 			}
-			enqueue(t, s, Request{Class: nc, Pinned: 1, RawISL: 10})
+			enqueue(t, s, Request{Class: int32(nc), Pinned: 1, RawISL: 10})
 			p := newProbe()
 			p.lanes[1] = Blocked
 			served := make([]uint64, nc)
@@ -55,7 +55,7 @@ func TestFairnessBound(t *testing.T) {
 				if out != Dispatch {
 					t.Fatalf("pop %d: outcome %v; want Dispatch", n, out)
 				}
-				c := it.Class
+				c := int(it.Class)
 				if c == nc {
 					t.Fatalf("pop %d dispatched the blocked class", n)
 				}

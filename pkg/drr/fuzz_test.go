@@ -21,10 +21,12 @@ const (
 	fzGone
 )
 
-// fzReq is the payload of a fuzz request: its allow-list when unpinned.
+// fzReq is the payload of a fuzz request: its allow-list when unpinned,
+// and its tenant.
 type fzReq struct {
-	id   int
-	mask uint8 // bit e: endpoint e is eligible (shared requests)
+	id     int
+	mask   uint8 // bit e: endpoint e is eligible (shared requests)
+	tenant string
 }
 
 type fzWorld struct {
@@ -57,7 +59,7 @@ func (w *fzWorld) Lane(class int, ep EndpointID) Verdict {
 // verdict is the current truth about an item as the head of its lane.
 func (w *fzWorld) verdict(it *Item) Verdict {
 	if it.Pinned != NoEndpoint {
-		return w.Lane(it.Class, it.Pinned)
+		return w.Lane(int(it.Class), it.Pinned)
 	}
 	mask := it.Payload.(*fzReq).mask
 	eligible, idle := 0, 0
@@ -132,6 +134,7 @@ func runFuzz(t *testing.T, data []byte) {
 			RawISLLimitPerWorker:  pick(r, NoLimit, NoLimit, NoLimit, 100, 5000, math.MaxUint64/2+1),
 			CachedLimitPerWorker:  pick(r, NoLimit, NoLimit, NoLimit, 50, 1000),
 			WaitBudget:            pick[time.Duration](r, 0, 0, 50, 500),
+			TenantFairness:        r.next()%3 == 0,
 		}
 	}
 	s, err := New(cfgs)
@@ -191,13 +194,14 @@ func runFuzz(t *testing.T, data []byte) {
 func (w *fzWorld) offer(r *fzReader) {
 	t, s := w.t, w.s
 	class := int(r.next()) % len(w.cfgs)
-	req := Request{Class: class, Pinned: NoEndpoint}
+	req := Request{Class: int32(class), Pinned: NoEndpoint}
 	fr := &fzReq{id: len(w.all)}
 	if e := r.next() % 6; e < fzEndpoints {
 		req.Pinned = EndpointID(e)
 	} else {
 		fr.mask = r.next() % 16
 	}
+	fr.tenant = pick(r, "", "a", "b", "c")
 	req.Payload = fr
 	v := uint64(r.next())
 	req.RawISL = pick(r, v, v*100, v*37+1, math.MaxUint64-v)
@@ -235,7 +239,7 @@ func (w *fzWorld) offer(r *fzReader) {
 			}
 		}
 	}
-	it, err := s.Offer(req, endpoints, allBusy)
+	it, err := s.OfferTenant(req, Tenant{Name: fr.tenant, Weight: uint64(len(fr.tenant) + int(r.next()%3))}, endpoints, allBusy)
 	switch {
 	case direct:
 		if it != nil || err != nil {
@@ -295,11 +299,11 @@ func (w *fzWorld) headsBlocked(c int) bool {
 	if cl.n == 0 {
 		return false
 	}
-	if len(cl.shared.items) > 0 && w.verdict(cl.shared.head()) != Blocked {
+	if h := cl.sharedHead(); h != nil && w.verdict(h) != Blocked {
 		return false
 	}
 	for it := range w.live {
-		if it.Class == c && it.Pinned != NoEndpoint && w.verdict(it) != Blocked {
+		if int(it.Class) == c && it.Pinned != NoEndpoint && w.verdict(it) != Blocked {
 			return false
 		}
 	}
@@ -342,8 +346,8 @@ func (w *fzWorld) pop() Outcome {
 			}
 		}
 		for c, cl := range s.classes {
-			if len(cl.shared.items) > 0 && w.verdict(cl.shared.head()) != Blocked {
-				t.Fatalf("Pop = None with class %d shared head %v", c, w.verdict(cl.shared.head()))
+			if h := cl.sharedHead(); h != nil && w.verdict(h) != Blocked {
+				t.Fatalf("Pop = None with class %d shared head %v", c, w.verdict(h))
 			}
 		}
 		return out
@@ -351,7 +355,7 @@ func (w *fzWorld) pop() Outcome {
 	if it == nil {
 		t.Fatalf("Pop outcome %v with a nil item", out)
 	}
-	cls := it.Class
+	cls := int(it.Class)
 	w.leave(it)
 	if out != Expired && firstExp != nil {
 		t.Fatalf("Pop = %v while item %d had expired at %d <= now %d", out, firstExp.Seq(), firstAt, w.now)
@@ -378,8 +382,11 @@ func (w *fzWorld) pop() Outcome {
 		if v := w.verdict(it); v != Ready {
 			t.Fatalf("dispatched item %d (class %d, pinned %d) whose verdict is %v", it.Seq(), cls, it.Pinned, v)
 		}
+		fair := w.cfgs[cls].TenantFairness && it.Pinned == NoEndpoint
 		for x := range w.live {
-			if x.Class == cls && x.Pinned == it.Pinned && before(x, it) {
+			sameLane := int(x.Class) == cls && x.Pinned == it.Pinned &&
+				(!fair || x.Payload.(*fzReq).tenant == it.Payload.(*fzReq).tenant)
+			if sameLane && before(x, it) {
 				t.Fatalf("dispatched item %d ahead of item %d of its own lane", it.Seq(), x.Seq())
 			}
 		}
@@ -434,7 +441,7 @@ func (w *fzWorld) rotate(k int) {
 	for i, c := range w.cfgs {
 		cfgs[(i+k)%nc] = c
 	}
-	if err := w.s.SetClasses(cfgs, func(it *Item) int { return (it.Class + k) % nc }); err != nil {
+	if err := w.s.SetClasses(cfgs, func(it *Item) int { return (int(it.Class) + k) % nc }); err != nil {
 		w.t.Fatalf("SetClasses: %v", err)
 	}
 	after := deficits(w.s)

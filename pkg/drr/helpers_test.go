@@ -43,7 +43,7 @@ func enqueue(t testing.TB, s *Scheduler, r Request) *Item {
 
 // cost returns a request of the given class and scheduling cost.
 func costReq(class int, cost uint64, label string) Request {
-	return Request{Class: class, Pinned: NoEndpoint, RawISL: cost, Payload: label}
+	return Request{Class: int32(class), Pinned: NoEndpoint, RawISL: cost, Payload: label}
 }
 
 // probe is a configurable, counting Probe. Lanes default to Ready.

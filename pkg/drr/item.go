@@ -25,9 +25,12 @@ type Item struct {
 
 	// prev and next link the class's expiry list (arrival order).
 	prev, next *Item
-	// home is the heap holding the item: the class's shared heap or one of
-	// its exact lanes; nil once the item has left the queue.
+	// home is the heap holding the item: the class's shared heap, a
+	// tenant's sub-queue or an exact lane; nil once the item has left.
 	home *lane
+	// ten is the item's tenant in its class, nil when the class keeps none
+	// for it.
+	ten *tenant
 
 	idx    int32  // position in home.items
 	strict uint32 // strict tier as ordered (0 under edf)
@@ -43,6 +46,15 @@ func (it *Item) Seq() uint64 { return it.seq }
 
 // Queued reports whether the item is still waiting in the scheduler.
 func (it *Item) Queued() bool { return it.home != nil }
+
+// Tenant returns the tenant the item was queued for (the zero Tenant when
+// its class keeps none for it).
+func (it *Item) Tenant() Tenant {
+	if it.ten == nil {
+		return Tenant{}
+	}
+	return it.ten.spec
+}
 
 // fcfsSecond is the fcfs priority bump: one unit of soft priority counts as
 // one second of earlier arrival (SPEC §3).

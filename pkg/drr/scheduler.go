@@ -26,6 +26,15 @@ type class struct {
 	// expHead..expTail is the arrival-ordered list of the class's items when
 	// it has a wait budget: the oldest expires first.
 	expHead, expTail *Item
+
+	// tenants holds the tenants with queued requests (tenant.go); in a
+	// tenant-fair class tq is the heap of those with a non-empty shared
+	// sub-queue, rounds the tenant DRR's cursor per strict tier, and
+	// nextPos the next ring position.
+	tenants map[string]*tenant
+	tq      []*tenant
+	rounds  []tierRound
+	nextPos uint64
 }
 
 // Scheduler is the policy-class DRR queue. It is not safe for concurrent
@@ -89,7 +98,10 @@ func buildClasses(cfgs []ClassConfig) ([]*class, error) {
 		if cfg.WaitBudget < 0 {
 			return nil, fmt.Errorf("policy class %q (index %d): wait budget %v must be >= 0", cfg.Name, i, cfg.WaitBudget)
 		}
-		c := &class{cfg: cfg, idx: i, lanes: make(map[EndpointID]*lane)}
+		if cfg.MaxTenants < 0 {
+			return nil, fmt.Errorf("policy class %q (index %d): max tenants %d must be >= 0", cfg.Name, i, cfg.MaxTenants)
+		}
+		c := &class{cfg: cfg, idx: i, lanes: make(map[EndpointID]*lane), nextPos: 1}
 		c.shared = lane{cls: c, hidx: -1, pidx: -1}
 		cs[i] = c
 	}
@@ -108,14 +120,20 @@ func (s *Scheduler) NumClasses() int { return len(s.classes) }
 // Class returns the configuration of class i (ring order).
 func (s *Scheduler) Class(i int) ClassConfig { return s.classes[i].cfg }
 
-// Offer admits a request (SPEC §5). It returns (nil, nil) when the request
-// should be dispatched directly (its class does not queue, or the class has
-// no backlog and allBusy is false); an Item when it was queued; or a
-// *Rejection when a queue limit, scaled by endpoints, is reached. allBusy
-// is the caller's busy test over the request's eligible endpoints. A class
-// index out of range is an error (not a *Rejection).
+// Offer admits a request of no tenant: OfferTenant with the zero Tenant.
 func (s *Scheduler) Offer(r Request, endpoints int, allBusy bool) (*Item, error) {
-	if r.Class < 0 || r.Class >= len(s.classes) {
+	return s.OfferTenant(r, Tenant{}, endpoints, allBusy)
+}
+
+// OfferTenant admits a request of tenant t (SPEC §5). It returns (nil, nil)
+// when the request should be dispatched directly (its class does not queue,
+// or the class has no backlog and allBusy is false); an Item when it was
+// queued; or a *Rejection when a queue limit is reached: the class's,
+// scaled by endpoints, then the tenant's own, then the class's tenant
+// bound. allBusy is the caller's busy test over the request's eligible
+// endpoints. A class index out of range is an error (not a *Rejection).
+func (s *Scheduler) OfferTenant(r Request, t Tenant, endpoints int, allBusy bool) (*Item, error) {
+	if r.Class < 0 || int(r.Class) >= len(s.classes) {
 		return nil, fmt.Errorf("drr: offer: class index %d out of range [0,%d)", r.Class, len(s.classes))
 	}
 	c := s.classes[r.Class]
@@ -126,15 +144,25 @@ func (s *Scheduler) Offer(r Request, endpoints int, allBusy bool) (*Item, error)
 	if rej := c.admit(endpoints); rej != nil {
 		return nil, rej
 	}
+	if c.tracksTenant(&t) {
+		if rej := c.admitTenant(&t); rej != nil {
+			return nil, rej
+		}
+	}
 	it := &Item{Request: r}
 	if it.Cached > it.RawISL {
 		it.Cached = it.RawISL
 	}
 	s.seq++
 	it.seq = s.seq
-	s.insert(c, it)
+	s.insert(c, it, &t)
 	return it, nil
 }
+
+// tracksTenant reports whether the class keeps per-tenant state for t: a
+// tenant-fair class always (the zero Tenant is the anonymous one), any
+// class for a named tenant.
+func (c *class) tracksTenant(t *Tenant) bool { return c.cfg.TenantFairness || t.Name != "" }
 
 // admit checks the class's limits before one more request is added: reject
 // when current >= per-worker limit × endpoints.
@@ -162,12 +190,23 @@ func (c *class) admit(endpoints int) *Rejection {
 	return check(LimitCachedTokens, c.cfg.CachedLimitPerWorker, c.cached.sat())
 }
 
-// insert queues it in class c: key, lane, expiry list, sums.
-func (s *Scheduler) insert(c *class, it *Item) {
+// insert queues it in class c for tenant t: key, tenant, lane, expiry
+// list, sums.
+func (s *Scheduler) insert(c *class, it *Item, t *Tenant) {
 	it.setKey(&c.cfg)
-	if it.Pinned == NoEndpoint {
+	if c.tracksTenant(t) {
+		ten := c.tenantOf(t, true)
+		ten.spec = *t // the latest offer's weight and limits
+		ten.n++
+		ten.raw.add(it.RawISL)
+		it.ten = ten
+	}
+	switch {
+	case it.Pinned == NoEndpoint && c.cfg.TenantFairness:
+		c.pushShared(it.ten, it)
+	case it.Pinned == NoEndpoint:
 		c.shared.push(it)
-	} else {
+	default:
 		l := c.lanes[it.Pinned]
 		if l == nil {
 			l = s.newLane(c, it.Pinned)
@@ -302,6 +341,10 @@ func (s *Scheduler) unlink(it *Item) {
 		} else if wasHead && l.hidx >= 0 {
 			c.candFix(int(l.hidx))
 		}
+	}
+	if t := it.ten; t != nil {
+		c.unlinkTenant(t, it, l == &t.sub, wasHead)
+		it.ten = nil
 	}
 	if it.inExp {
 		c.expUnlink(it)
@@ -452,8 +495,7 @@ func ratioLess(a, b, c, d uint64) bool {
 // candidate returns the class's best dispatchable head (shared head or best
 // ready exact-lane head), or an Unroutable head to hand back.
 func (s *Scheduler) candidate(c *class, p Probe) (best, unroutable *Item) {
-	if len(c.shared.items) > 0 {
-		h := c.shared.head()
+	if h := c.sharedHead(); h != nil {
 		switch p.Shared(c.idx, h) {
 		case Ready:
 			best = h
@@ -488,7 +530,15 @@ func (s *Scheduler) candidate(c *class, p Probe) (best, unroutable *Item) {
 // step 3).
 func (s *Scheduler) dispatch(c *class, it *Item) *Item {
 	c.deficit -= it.cost
+	t := it.ten
+	fromSub := t != nil && it.home == &t.sub
+	if fromSub {
+		c.serveTenant(t, it)
+	}
 	s.unlink(it)
+	if fromSub {
+		c.settleVisit(t, it.strict)
+	}
 	s.cursor = c.idx
 	if c.n == 0 || !c.nextAffordable() {
 		if s.cursor++; s.cursor == len(s.classes) {
@@ -502,16 +552,29 @@ func (s *Scheduler) dispatch(c *class, it *Item) *Item {
 // head and the indexed lane heads, verdicts aside) fits its deficit, in
 // which case the class keeps the cursor to spend its burst.
 func (c *class) nextAffordable() bool {
-	var h *Item
-	if len(c.shared.items) > 0 {
-		h = c.shared.head()
-	}
+	h := c.sharedHead()
 	if len(c.cand) > 0 {
 		if lh := c.cand[0].l.head(); h == nil || before(lh, h) {
 			h = lh
 		}
 	}
 	return h != nil && c.deficit >= h.cost
+}
+
+// sharedHead is the head of the class's shared heap: in a tenant-fair
+// class, the head of the tenant the tenant DRR serves next. Nil when there
+// is none.
+func (c *class) sharedHead() *Item {
+	if c.cfg.TenantFairness {
+		if len(c.tq) > 0 {
+			return c.tq[0].sub.head()
+		}
+		return nil
+	}
+	if len(c.shared.items) > 0 {
+		return c.shared.head()
+	}
+	return nil
 }
 
 // firstExpired returns the queued item with the earliest expiry if that is
@@ -560,7 +623,7 @@ func (s *Scheduler) NextExpiry() (at int64, ok bool) {
 }
 
 // SetClasses replaces the class set without losing or reordering queued
-// requests. classify maps each queued item to its class index in the new
+// requests; each keeps its tenant (SetClassesTenants can change it). classify maps each queued item to its class index in the new
 // set (the scheduler then keeps its arrival order); classes that keep their
 // name keep their deficit. A nil classify keeps every item's index. On
 // error (invalid config, index out of range) nothing changes.
@@ -570,22 +633,33 @@ func (s *Scheduler) NextExpiry() (at int64, ok bool) {
 // dropped. The cursor stays on its class if that name survives, else it
 // restarts at 0. Queue limits are not re-applied to queued items.
 func (s *Scheduler) SetClasses(classes []ClassConfig, classify func(*Item) int) error {
+	return s.SetClassesTenants(classes, func(it *Item) (int, Tenant) {
+		ci := int(it.Class)
+		if classify != nil {
+			ci = classify(it)
+		}
+		return ci, it.Tenant()
+	})
+}
+
+// SetClassesTenants is SetClasses where classify also gives each queued
+// item its tenant in the new set (a changed weight or limit, a new name).
+// Tenant DRR credit restarts from zero: it belongs to the old ring.
+func (s *Scheduler) SetClassesTenants(classes []ClassConfig, classify func(*Item) (int, Tenant)) error {
 	cs, err := buildClasses(classes)
 	if err != nil {
 		return fmt.Errorf("drr: set classes: %w", err)
 	}
 	items := s.all()
 	dest := make([]int, len(items))
+	tenants := make([]Tenant, len(items))
 	for i, it := range items {
-		ci := it.Class
-		if classify != nil {
-			ci = classify(it)
-		}
+		ci, t := classify(it)
 		if ci < 0 || ci >= len(cs) {
 			return fmt.Errorf("drr: set classes: item %d (class %q) classified to index %d, out of range [0,%d)",
 				it.seq, it.home.cls.cfg.Name, ci, len(cs))
 		}
-		dest[i] = ci
+		dest[i], tenants[i] = ci, t
 	}
 	byName := make(map[string]*class, len(cs))
 	for _, c := range cs {
@@ -622,8 +696,8 @@ func (s *Scheduler) SetClasses(classes []ClassConfig, classify func(*Item) int) 
 	for _, i := range order {
 		it := items[i]
 		*it = Item{Request: it.Request, seq: it.seq}
-		it.Class = dest[i]
-		s.insert(cs[dest[i]], it)
+		it.Class = int32(dest[i])
+		s.insert(cs[dest[i]], it, &tenants[i])
 	}
 	s.cursor = 0
 	for _, c := range cs {
@@ -644,6 +718,11 @@ func (s *Scheduler) all() []*Item {
 		for _, sl := range c.shared.items {
 			out = append(out, sl.it)
 		}
+		for _, t := range c.tq {
+			for _, sl := range t.sub.items {
+				out = append(out, sl.it)
+			}
+		}
 		for _, l := range c.lanes {
 			for _, sl := range l.items {
 				out = append(out, sl.it)
@@ -663,6 +742,7 @@ func (s *Scheduler) Stats() []ClassStats {
 			PendingRawISL: c.raw.sat(),
 			PendingCached: c.cached.sat(),
 			Deficit:       c.deficit,
+			Tenants:       len(c.tenants),
 		}
 	}
 	return out

@@ -556,7 +556,7 @@ func TestRemoveAccounting(t *testing.T) {
 		if i%3 == 0 {
 			pin = EndpointID(i%4 + 1)
 		}
-		items = append(items, enqueue(t, s, Request{Class: i % 2, Pinned: pin, RawISL: uint64(10 + i), Cached: uint64(i), Arrival: int64(40 - i)}))
+		items = append(items, enqueue(t, s, Request{Class: int32(i % 2), Pinned: pin, RawISL: uint64(10 + i), Cached: uint64(i), Arrival: int64(40 - i)}))
 	}
 	st := s.Stats()
 	var raw, cached uint64
@@ -786,7 +786,7 @@ func TestSetClasses(t *testing.T) {
 	if s.Len() != 7 || s.NumClasses() != 2 {
 		t.Fatalf("failed SetClasses changed the scheduler: Len %d classes %d", s.Len(), s.NumClasses())
 	}
-	if err := s.SetClasses(newCfg, func(it *Item) int { return map[string]int{"a": 2, "b": 1}[name[it.Class]] }); err != nil {
+	if err := s.SetClasses(newCfg, func(it *Item) int { return map[string]int{"a": 2, "b": 1}[name[int(it.Class)]] }); err != nil {
 		t.Fatalf("SetClasses: %v", err)
 	}
 	if s.cursor != 2 {

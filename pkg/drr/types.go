@@ -76,6 +76,32 @@ type ClassConfig struct {
 	// waited longer is shed (Expired). Under EDF it is also the deadline of
 	// a request that brings none.
 	WaitBudget time.Duration
+	// TenantFairness splits the class's shared heap into one sub-queue per
+	// tenant, each in the class's order, served by a second DRR over the
+	// backlogged tenants: quantum Quantum × the tenant's weight, cost the
+	// scheduling cost, the deficit, bulk-round and cursor rules of the
+	// class ring. A tenant whose head has a higher strict tier goes first.
+	// Exact lanes are not split.
+	TenantFairness bool
+	// MaxTenants bounds the tenants with queued requests in the class; an
+	// offer from one more is rejected (LimitTenants). 0 means no bound.
+	MaxTenants int
+}
+
+// Tenant is who a request is for, as far as queueing goes: the tenant's
+// DRR weight inside a tenant-fair class and its own queue limits in the
+// class. The zero value is no tenant (no per-tenant limits, and in a
+// tenant-fair class the anonymous tenant "").
+type Tenant struct {
+	// Name identifies the tenant within a class.
+	Name string
+	// Weight multiplies the class quantum for the tenant; 0 counts as 1.
+	Weight uint64
+	// RequestLimit and RawISLLimit bound the tenant's queued requests and
+	// raw prompt tokens in one class (absolute, not per worker); 0 is
+	// taken as NoLimit, as is NoLimit itself.
+	RequestLimit uint64
+	RawISLLimit  uint64
 }
 
 // EndpointID names one endpoint (one pod × target port). The caller assigns
@@ -90,8 +116,9 @@ const NoEndpoint EndpointID = math.MaxUint32
 // the request waits (SPEC §1).
 type Request struct {
 	// Class is the index of the request's physical class in the slice last
-	// passed to New or SetClasses.
-	Class int
+	// passed to New or SetClasses. (32 bits, next to Pinned: an Item must
+	// stay within its malloc size class.)
+	Class int32
 	// Pinned is the endpoint of the request's exact lane, or NoEndpoint for
 	// the shared heap.
 	Pinned EndpointID
@@ -183,12 +210,18 @@ const (
 	LimitRequests     LimitKind = "requests"
 	LimitRawISLTokens LimitKind = "raw_isl_tokens"
 	LimitCachedTokens LimitKind = "cached_tokens"
+	// LimitTenants: the class has MaxTenants tenants with queued requests
+	// and the offer is from another one.
+	LimitTenants LimitKind = "tenants"
 )
 
 // Rejection is returned by Offer when a class's queue limit is reached. It
-// carries the numbers the 429 body reports.
+// carries the numbers the 429 body reports. Tenant is set when the limit is
+// the tenant's own (its RequestLimit or RawISLLimit) or the class's tenant
+// bound (LimitTenants: the tenant that would have been one too many).
 type Rejection struct {
 	Class   string
+	Tenant  string
 	Kind    LimitKind
 	Current uint64
 	Limit   uint64
@@ -196,6 +229,14 @@ type Rejection struct {
 
 // Error implements error.
 func (r *Rejection) Error() string {
+	switch {
+	case r.Kind == LimitTenants:
+		return fmt.Sprintf("policy class %q tenant limit reached: %d tenants queued >= limit %d (tenant %q is not queued yet)",
+			r.Class, r.Current, r.Limit, r.Tenant)
+	case r.Tenant != "":
+		return fmt.Sprintf("policy class %q queue limit of tenant %q reached: %s current %d >= limit %d",
+			r.Class, r.Tenant, r.Kind, r.Current, r.Limit)
+	}
 	return fmt.Sprintf("policy class %q queue limit reached: %s current %d >= limit %d",
 		r.Class, r.Kind, r.Current, r.Limit)
 }
@@ -207,6 +248,7 @@ type ClassStats struct {
 	PendingRawISL uint64 // sum of queued raw prompt tokens
 	PendingCached uint64 // sum of queued cached tokens
 	Deficit       uint64 // earned, unspent credit
+	Tenants       int    // tenants with queued requests
 }
 
 // SaturatingMul returns a×b, or math.MaxUint64 when that overflows.
