@@ -91,8 +91,9 @@ type Compiled struct {
 	// Info names each class.
 	Info []ClassInfo
 
-	root   resolver
-	models map[string]*resolver
+	root    resolver
+	models  map[string]*resolver
+	tenants compiledTenants
 }
 
 // resolver holds one profile's lookup tables, built once at compile so
@@ -124,6 +125,7 @@ func (c *Config) Compile() (*Compiled, error) {
 			out.models[c.Models[i].Model] = &r
 		}
 	}
+	out.tenants = compileTenants(c, out.Classes)
 	return out, nil
 }
 
@@ -206,7 +208,19 @@ func drrClass(model string, c *Class) drr.ClassConfig {
 		RawISLLimitPerWorker:  limit(c.RawISLTokenQueueLimitPerWorker),
 		CachedLimitPerWorker:  limit(c.CachedTokenQueueLimitPerWorker),
 		WaitBudget:            max(c.MaxQueueWait, time.Duration(0)),
+		TenantFairness:        c.TenantFairness,
+		MaxTenants:            maxTenants(c),
 	}
+}
+
+func maxTenants(c *Class) int {
+	switch {
+	case !c.TenantFairness:
+		return 0
+	case c.MaxTenants != nil:
+		return int(*c.MaxTenants)
+	}
+	return DefaultMaxTenants
 }
 
 func busyTest(c *Class) BusyTest {

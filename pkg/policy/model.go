@@ -59,6 +59,12 @@ type Class struct {
 	// MaxQueueWait bounds queue wait (0 = unbounded). A Laneway extension of
 	// the reference format (YAML key max_queue_wait).
 	MaxQueueWait time.Duration
+	// TenantFairness serves the class's tenants by DRR on uncached tokens
+	// (SPEC §14); MaxTenants bounds its tenants with queued requests (nil:
+	// DefaultMaxTenants). Laneway extensions (tenant_fairness,
+	// max_tenants).
+	TenantFairness bool
+	MaxTenants     *int64
 }
 
 // Explicit reports whether the class is selected by name rather than by
@@ -105,6 +111,12 @@ type ModelProfile struct {
 type Config struct {
 	Root   Profile
 	Models []ModelProfile
+	// Identity, Tenants and DefaultTenant are the pool's tenant rules
+	// (SPEC §14; tenants.go). Nil Identity: no identity source, client
+	// hints trusted.
+	Identity      *Identity
+	Tenants       []TenantBinding
+	DefaultTenant *TenantBinding
 }
 
 // Canonical returns a copy of c in a source-independent form, so that a
@@ -114,7 +126,7 @@ type Config struct {
 // in a profile without families) made explicit. Ring order is the one
 // thing it discards; it affects where the DRR cursor starts, not shares.
 func (c *Config) Canonical() *Config {
-	out := &Config{Root: canonicalProfile(c.Root)}
+	out := &Config{Root: canonicalProfile(c.Root), Identity: c.Identity, Tenants: c.Tenants, DefaultTenant: c.DefaultTenant}
 	for _, m := range c.Models {
 		out.Models = append(out.Models, ModelProfile{Model: m.Model, Profile: canonicalProfile(m.Profile)})
 	}

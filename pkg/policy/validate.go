@@ -37,6 +37,8 @@ const (
 	RuleNegative               Rule = "Negative"
 	RuleModelName              Rule = "ModelName"
 	RuleTooLarge               Rule = "TooLarge"
+	RuleIdentity               Rule = "Identity"
+	RuleTenant                 Rule = "Tenant"
 	// RuleSyntax: the YAML could not be read (syntax, unknown key, type).
 	RuleSyntax Rule = "Syntax"
 	// RuleObject: the objects of a pool could not be combined (two
@@ -135,6 +137,7 @@ func (c *Config) Validate() error {
 		seen[m.Model] = true
 		validateProfile(&ps, m.Model, &m.Profile)
 	}
+	validateTenants(&ps, c)
 	if len(ps) == 0 {
 		return nil
 	}
@@ -286,6 +289,14 @@ func validateProfile(ps *Problems, model string, p *Profile) {
 		}
 		if cl.MaxQueueWait < 0 {
 			add(name, "", RuleNegative, "max_queue_wait must be >= 0 (got %s)", cl.MaxQueueWait)
+		}
+		if v := cl.MaxTenants; v != nil {
+			switch {
+			case !cl.TenantFairness:
+				add(name, "", RuleTenant, "max_tenants is set without tenant_fairness")
+			case *v < 1:
+				add(name, "", RuleNegative, "max_tenants must be >= 1 (got %d)", *v)
+			}
 		}
 	}
 

@@ -84,7 +84,7 @@ func ParseYAML(data []byte) (*Config, error) {
 	if isNull(root) {
 		return cfg, nil
 	}
-	p.profile(root, "", &cfg.Root, &cfg.Models)
+	p.profile(root, "", &cfg.Root, &cfg.Models, cfg)
 	if len(p.problems) > 0 {
 		return nil, p.problems
 	}
@@ -174,20 +174,25 @@ func (p *parser) mapping(n *yaml.Node, path string, allowed []string, fn func(ke
 }
 
 var (
-	profileKeys = []string{"default_policy_family", "uncached_isl_buckets", "default_policy_class", "policy_classes"}
-	rootKeys    = append(slices.Clone(profileKeys), "models")
-	bucketKeys  = []string{"min_tokens", "bucket"}
-	classKeys   = []string{
+	profileKeys  = []string{"default_policy_family", "uncached_isl_buckets", "default_policy_class", "policy_classes"}
+	rootKeys     = append(slices.Clone(profileKeys), "models", "identity", "tenants", "default_tenant")
+	identityKeys = []string{"header", "metadata", "anonymous"}
+	metadataKeys = []string{"namespace", "path"}
+	bindingKeys  = []string{"name", "match", "allowed", "default_family", "weight", "max_priority",
+		"max_strict_priority", "request_queue_limit", "raw_isl_token_queue_limit"}
+	matchKeys  = []string{"exact", "prefix"}
+	bucketKeys = []string{"min_tokens", "bucket"}
+	classKeys  = []string{
 		"name", "policy_family", "cache_bucket", "queue_policy", "quantum",
 		"prefill_busy_threshold", "prefill_busy_threshold_frac", "busy_worker_ratio",
 		"request_queue_limit_per_worker", "raw_isl_token_queue_limit_per_worker",
-		"cached_token_queue_limit_per_worker", "max_queue_wait",
+		"cached_token_queue_limit_per_worker", "max_queue_wait", "tenant_fairness", "max_tenants",
 	}
 )
 
-// profile reads a profile mapping. models is non-nil only at the root: a
-// model profile cannot nest models.
-func (p *parser) profile(n *yaml.Node, path string, out *Profile, models *[]ModelProfile) {
+// profile reads a profile mapping. models and cfg are non-nil only at the
+// root: a model profile cannot nest models or tenant rules.
+func (p *parser) profile(n *yaml.Node, path string, out *Profile, models *[]ModelProfile, cfg *Config) {
 	keys := profileKeys
 	if models != nil {
 		keys = rootKeys
@@ -229,6 +234,22 @@ func (p *parser) profile(n *yaml.Node, path string, out *Profile, models *[]Mode
 				}
 				out.Classes = append(out.Classes, p.class(e, fmt.Sprintf("%s[%d]", join(key), i)))
 			})
+		case "identity":
+			cfg.Identity = p.identity(v, key)
+		case "tenants":
+			p.sequence(v, key, func(i int, e *yaml.Node) {
+				if len(cfg.Tenants) >= MaxTenantBindings {
+					if len(cfg.Tenants) == MaxTenantBindings {
+						p.errorf(e, key, "more than %d tenant bindings", MaxTenantBindings)
+						cfg.Tenants = append(cfg.Tenants, TenantBinding{})
+					}
+					return
+				}
+				cfg.Tenants = append(cfg.Tenants, p.binding(e, fmt.Sprintf("%s[%d]", key, i), true))
+			})
+		case "default_tenant":
+			b := p.binding(v, key, false)
+			cfg.DefaultTenant = &b
 		case "models":
 			v = resolveAlias(v)
 			if v.Kind != yaml.MappingNode {
@@ -253,7 +274,7 @@ func (p *parser) profile(n *yaml.Node, path string, out *Profile, models *[]Mode
 					return
 				}
 				m := ModelProfile{Model: k.Value}
-				p.profile(v.Content[i+1], mp, &m.Profile, nil)
+				p.profile(v.Content[i+1], mp, &m.Profile, nil, nil)
 				*models = append(*models, m)
 			}
 		}
@@ -287,6 +308,10 @@ func (p *parser) class(n *yaml.Node, path string) Class {
 			c.RawISLTokenQueueLimitPerWorker = ptr(p.int(v, kp))
 		case "cached_token_queue_limit_per_worker":
 			c.CachedTokenQueueLimitPerWorker = ptr(p.int(v, kp))
+		case "tenant_fairness":
+			c.TenantFairness = p.bool(v, kp)
+		case "max_tenants":
+			c.MaxTenants = ptr(p.int(v, kp))
 		case "max_queue_wait":
 			s := p.str(v, kp)
 			if s == "" {
@@ -304,6 +329,91 @@ func (p *parser) class(n *yaml.Node, path string) Class {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func (p *parser) identity(n *yaml.Node, path string) *Identity {
+	id := &Identity{}
+	p.mapping(n, path, identityKeys, func(key string, v *yaml.Node) {
+		kp := path + "." + key
+		switch key {
+		case "header":
+			id.Header = p.str(v, kp)
+		case "anonymous":
+			id.Anonymous = p.str(v, kp)
+		case "metadata":
+			p.mapping(v, kp, metadataKeys, func(k string, v *yaml.Node) {
+				switch k {
+				case "namespace":
+					id.MetadataNamespace = p.str(v, kp+"."+k)
+				case "path":
+					id.MetadataPath = p.strs(v, kp+"."+k)
+				}
+			})
+		}
+	})
+	return id
+}
+
+// binding reads a tenant binding; named is false for default_tenant,
+// which has no name or match.
+func (p *parser) binding(n *yaml.Node, path string, named bool) TenantBinding {
+	var b TenantBinding
+	keys := bindingKeys
+	if !named {
+		keys = bindingKeys[2:]
+	}
+	p.mapping(n, path, keys, func(key string, v *yaml.Node) {
+		kp := path + "." + key
+		switch key {
+		case "name":
+			b.Name = p.str(v, kp)
+		case "match":
+			p.mapping(v, kp, matchKeys, func(k string, v *yaml.Node) {
+				switch k {
+				case "exact":
+					b.Match.Exact = p.strs(v, kp+"."+k)
+				case "prefix":
+					b.Match.Prefix = p.strs(v, kp+"."+k)
+				}
+			})
+		case "allowed":
+			b.Allowed = p.strs(v, kp)
+		case "default_family":
+			b.DefaultFamily = p.str(v, kp)
+		case "weight":
+			b.Weight = ptr(p.int(v, kp))
+		case "max_priority":
+			b.MaxPriority = ptr(p.int(v, kp))
+		case "max_strict_priority":
+			b.MaxStrictPriority = ptr(p.int(v, kp))
+		case "request_queue_limit":
+			b.RequestQueueLimit = ptr(p.int(v, kp))
+		case "raw_isl_token_queue_limit":
+			b.RawISLTokenQueueLimit = ptr(p.int(v, kp))
+		}
+	})
+	return b
+}
+
+// strs reads a list of strings.
+func (p *parser) strs(n *yaml.Node, path string) []string {
+	var out []string
+	p.sequence(n, path, func(i int, e *yaml.Node) {
+		out = append(out, p.str(e, fmt.Sprintf("%s[%d]", path, i)))
+	})
+	return out
+}
+
+func (p *parser) bool(n *yaml.Node, path string) bool {
+	if n = p.scalar(n, path, "true or false"); n == nil {
+		return false
+	}
+	var v bool
+	if n.Tag != "!!bool" || n.Decode(&v) != nil {
+		p.errorf(n, path, "want true or false, got %q", n.Value)
+		return false
+	}
+	return v
+}
 
 func (p *parser) sequence(n *yaml.Node, path string, fn func(i int, e *yaml.Node)) {
 	n = resolveAlias(n)

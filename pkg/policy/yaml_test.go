@@ -19,7 +19,7 @@ func TestParseYAMLStrict(t *testing.T) {
 		{
 			name: "unknown top-level key",
 			yaml: "default_policy_famly: x\n",
-			want: []string{`line 1: unknown key "default_policy_famly" (allowed: default_policy_family, uncached_isl_buckets, default_policy_class, policy_classes, models)`},
+			want: []string{`line 1: unknown key "default_policy_famly" (allowed: default_policy_family, uncached_isl_buckets, default_policy_class, policy_classes, models, identity, tenants, default_tenant)`},
 		},
 		{
 			name: "unknown bucket key",
@@ -29,7 +29,7 @@ func TestParseYAMLStrict(t *testing.T) {
 		{
 			name: "unknown class key",
 			yaml: "policy_classes:\n  - name: a\n    quantim: 1\n",
-			want: []string{`line 3: policy_classes[0]: unknown key "quantim" (allowed: name, policy_family, cache_bucket, queue_policy, quantum, prefill_busy_threshold, prefill_busy_threshold_frac, busy_worker_ratio, request_queue_limit_per_worker, raw_isl_token_queue_limit_per_worker, cached_token_queue_limit_per_worker, max_queue_wait)`},
+			want: []string{`line 3: policy_classes[0]: unknown key "quantim" (allowed: name, policy_family, cache_bucket, queue_policy, quantum, prefill_busy_threshold, prefill_busy_threshold_frac, busy_worker_ratio, request_queue_limit_per_worker, raw_isl_token_queue_limit_per_worker, cached_token_queue_limit_per_worker, max_queue_wait, tenant_fairness, max_tenants)`},
 		},
 		{
 			name: "unknown key in a model profile",
@@ -39,7 +39,7 @@ func TestParseYAMLStrict(t *testing.T) {
 		{
 			name: "unknown key in a model profile's class",
 			yaml: "models:\n  llama:\n    policy_classes:\n      - {name: a, quantum: 1, colour: red}\n",
-			want: []string{`line 4: models["llama"].policy_classes[0]: unknown key "colour" (allowed: name, policy_family, cache_bucket, queue_policy, quantum, prefill_busy_threshold, prefill_busy_threshold_frac, busy_worker_ratio, request_queue_limit_per_worker, raw_isl_token_queue_limit_per_worker, cached_token_queue_limit_per_worker, max_queue_wait)`},
+			want: []string{`line 4: models["llama"].policy_classes[0]: unknown key "colour" (allowed: name, policy_family, cache_bucket, queue_policy, quantum, prefill_busy_threshold, prefill_busy_threshold_frac, busy_worker_ratio, request_queue_limit_per_worker, raw_isl_token_queue_limit_per_worker, cached_token_queue_limit_per_worker, max_queue_wait, tenant_fairness, max_tenants)`},
 		},
 		{
 			name: "models do not nest",
@@ -95,9 +95,9 @@ func TestParseYAMLStrict(t *testing.T) {
 			name: "several problems at once",
 			yaml: "foo: 1\npolicy_classes:\n  - {name: a, quantum: x, bar: 2}\n",
 			want: []string{
-				`line 1: unknown key "foo" (allowed: default_policy_family, uncached_isl_buckets, default_policy_class, policy_classes, models)`,
+				`line 1: unknown key "foo" (allowed: default_policy_family, uncached_isl_buckets, default_policy_class, policy_classes, models, identity, tenants, default_tenant)`,
 				`line 3: policy_classes[0].quantum: want an integer, got "x"`,
-				`line 3: policy_classes[0]: unknown key "bar" (allowed: name, policy_family, cache_bucket, queue_policy, quantum, prefill_busy_threshold, prefill_busy_threshold_frac, busy_worker_ratio, request_queue_limit_per_worker, raw_isl_token_queue_limit_per_worker, cached_token_queue_limit_per_worker, max_queue_wait)`,
+				`line 3: policy_classes[0]: unknown key "bar" (allowed: name, policy_family, cache_bucket, queue_policy, quantum, prefill_busy_threshold, prefill_busy_threshold_frac, busy_worker_ratio, request_queue_limit_per_worker, raw_isl_token_queue_limit_per_worker, cached_token_queue_limit_per_worker, max_queue_wait, tenant_fairness, max_tenants)`,
 			},
 		},
 	}
