@@ -158,3 +158,22 @@ func binary(path, cmd string) (string, error) {
 	}
 	return path, nil
 }
+
+// M is the part of *testing.M that BuildAndRun uses.
+type M interface{ Run() int }
+
+// BuildAndRun is a suite's TestMain: it builds cmds into a temporary
+// folder named after suite (Build's raceEPP), sets *bins, runs the tests,
+// removes the folder and exits with the tests' code. A failed build exits
+// 1 before any test.
+func BuildAndRun(m M, bins *Binaries, suite string, raceEPP bool, cmds ...string) {
+	b, cleanup, err := BuildTemp(suite+"-", raceEPP, cmds...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, suite+":", err)
+		os.Exit(1)
+	}
+	*bins = b
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
+}

@@ -107,6 +107,10 @@ func (m Metrics) LabelValues(name, label string) []string {
 	return out
 }
 
+// Family returns the parsed family called name (nil when absent), for a
+// test of a page's shape, its types and label sets, rather than a value.
+func (m Metrics) Family(name string) *dto.MetricFamily { return m.fams[name] }
+
 // Names returns the metric family names of the page, sorted.
 func (m Metrics) Names() []string {
 	out := make([]string, 0, len(m.fams))

@@ -68,6 +68,9 @@ func TestMetricsSum(t *testing.T) {
 	if got, want := m.LabelValues("laneway_endpoint_active_prefill_tokens", "endpoint"), []string{"127.0.0.2:8000", "127.0.0.3:8000"}; !slices.Equal(got, want) {
 		t.Errorf("LabelValues = %q, want %q", got, want)
 	}
+	if f := m.Family("rpc_seconds"); f == nil || len(f.GetMetric()) != 1 || m.Family("absent") != nil {
+		t.Errorf("Family(rpc_seconds) = %v, Family(absent) = %v", f, m.Family("absent"))
+	}
 	if got := m.LabelValues("absent", "endpoint"); len(got) != 0 {
 		t.Errorf("LabelValues of an absent family = %q", got)
 	}
@@ -98,6 +101,7 @@ func TestMetricsSumOddLabels(t *testing.T) {
 			t.Error("Sum with an odd label list did not panic")
 		}
 	}()
+	//lint:ignore SA5012 the call is wrong on purpose: it must panic
 	m.Sum("laneway_dispatches_total", "policy_class")
 }
 

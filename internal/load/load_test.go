@@ -2,7 +2,6 @@ package load
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -102,15 +101,7 @@ func TestProcCPU(t *testing.T) {
 var bins launch.Binaries
 
 func TestMain(m *testing.M) {
-	b, cleanup, err := launch.BuildTemp("load-test-", false, launch.CmdEpp)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bins = b
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
+	launch.BuildAndRun(m, &bins, "load-test", false, launch.CmdEpp)
 }
 
 // startPicker runs a plaintext picker with endpoints for the test and a

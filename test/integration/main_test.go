@@ -1,8 +1,6 @@
 package integration
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/laneway-dev/laneway/internal/launch"
@@ -14,13 +12,5 @@ import (
 var bins launch.Binaries
 
 func TestMain(m *testing.M) {
-	b, cleanup, err := launch.BuildTemp("laneway-integration-", launch.RaceFromEnv(), launch.CmdEpp)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "integration:", err)
-		os.Exit(1)
-	}
-	bins = b
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
+	launch.BuildAndRun(m, &bins, "laneway-integration", launch.RaceFromEnv(), launch.CmdEpp)
 }
