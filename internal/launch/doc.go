@@ -18,11 +18,13 @@
 //     process serves, with the addresses it bound. The picker and the
 //     gateway listen on ports the kernel picks and log them, so no
 //     probed port can be taken between probe and bind.
-//   - Tests (wait.go, metrics.go, leak.go, and the Run* forms): RunPicker,
-//     RunSim and RunGateway start for a test and judge the exit at its
-//     cleanup; WaitFor is the one polling wait with a deadline; Metrics
-//     and Page read a series by name and labels; CheckGoroutines is the
-//     leak check.
+//   - Tests (wait.go, metrics.go, leak.go, and the Run* forms):
+//     BuildAndRun is a suite's TestMain; RunPicker, RunSim and RunGateway
+//     start for a test and judge the exit at its cleanup; WaitFor is the
+//     one polling wait with a deadline, Proc.WaitLog the wait for a log
+//     line; Metrics and Page read a series by name and labels (the demo
+//     and the load tool read theirs with them too); CheckGoroutines is
+//     the leak check.
 //
 // It absorbed what was internal/testproc. The process layer alone did not
 // stop each suite from growing its own picker launcher, wait, scrape and
