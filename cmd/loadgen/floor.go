@@ -13,8 +13,8 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
-	"github.com/laneway-dev/laneway/internal/testproc"
-	"github.com/laneway-dev/laneway/test/load"
+	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/load"
 )
 
 // The floor is load.FloorProcessor in a process of its own: loadgen runs
@@ -82,18 +82,18 @@ func spawnFloor(ctx context.Context, f *flags) (*picker, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("floor: %w", err)
 	}
-	port, err := testproc.FreePort("127.0.0.1")
+	port, err := launch.FreePort("127.0.0.1")
 	if err != nil {
 		return nil, nil, fmt.Errorf("floor: %w", err)
 	}
-	addr := testproc.HostPort("127.0.0.1", port)
+	addr := launch.HostPort("127.0.0.1", port)
 	args := []string{serveFloorArg + "=" + addr, floorEndArg + "=" + spawnedEndpoint}
 	var creds credentials.TransportCredentials
 	if f.tls {
 		args = append(args, floorTLSArg)
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // self-signed, loopback
 	}
-	p, err := testproc.Start(testproc.Options{Name: floorName, Bin: self, Args: args, LogLimit: 64 << 10})
+	p, err := launch.Start(launch.Options{Name: floorName, Bin: self, Args: args, LogLimit: 64 << 10})
 	if err != nil {
 		return nil, nil, fmt.Errorf("floor: %w", err)
 	}
@@ -102,7 +102,7 @@ func spawnFloor(ctx context.Context, f *flags) (*picker, func(), error) {
 			fmt.Fprintf(os.Stderr, "loadgen: floor: %v\n", err)
 		}
 	}
-	if err := testproc.WaitGRPCServing(ctx, p, addr, "", creds, 30*time.Second); err != nil {
+	if err := launch.WaitGRPCServing(ctx, p, addr, "", creds, 30*time.Second); err != nil {
 		stop()
 		return nil, nil, fmt.Errorf("floor: %w", err)
 	}

@@ -1,10 +1,10 @@
 // Command loadgen drives ext_proc load against an endpoint picker and
 // reports decision latency, decisions per second, errors and the picker's
 // CPU per 1,000 decisions, the way SPEC §13 measures them. The open loop
-// plays the gateway with test/load/h2client, an event-driven HTTP/2 client
+// plays the gateway with internal/load/h2client, an event-driven HTTP/2 client
 // as cheap per stream as Envoy is (--client grpc uses the goroutine-per-
 // stream internal/extprocclient instead); the closed loop always uses
-// internal/extprocclient. See package test/load for the modes:
+// internal/extprocclient. See package internal/load for the modes:
 //
 //	loadgen --spawn --rate 1000 --hold 1s --duration 10s          # open loop (SPEC §13)
 //	loadgen --spawn --mode closed --concurrency 1,100,1000        # closed loop, N streams
@@ -38,7 +38,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/test/load"
+	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/load"
 )
 
 type flags struct {
@@ -157,7 +158,7 @@ func run(ctx context.Context, f *flags) error {
 		}
 		defer cleanup()
 		addr = p.GRPCAddr
-		r.PickerCPU = p.CPU()
+		r.PickerCPU = load.ProcCPU(p.Cmd.Process.Pid)
 		fmt.Fprintf(os.Stderr, "loadgen: spawned picker pid %d, ext_proc %s (tls %v), metrics %s\n",
 			p.Cmd.Process.Pid, p.GRPCAddr, f.tls, p.MetricsAddr)
 	case addr == "":
@@ -350,15 +351,15 @@ func parseLevels(s string) ([]int, error) {
 // spawn builds (unless --epp-bin) and starts the picker with one dummy
 // endpoint and no policy, logging to a file in a temp dir that is removed
 // at cleanup unless the picker failed.
-func spawn(ctx context.Context, f *flags) (*load.Proc, func(), error) {
+func spawn(ctx context.Context, f *flags) (*launch.Picker, func(), error) {
 	dir, err := os.MkdirTemp("", "loadgen-")
 	if err != nil {
 		return nil, nil, fmt.Errorf("temp dir: %w", err)
 	}
-	bin := f.eppBin
-	if bin == "" {
+	bins := launch.Binaries{Epp: f.eppBin}
+	if bins.Epp == "" {
 		fmt.Fprintln(os.Stderr, "loadgen: building ./cmd/epp")
-		if bin, err = load.BuildEPP(dir); err != nil {
+		if bins, err = launch.Build(dir, false, launch.CmdEpp); err != nil {
 			os.RemoveAll(dir)
 			return nil, nil, err
 		}
@@ -378,8 +379,8 @@ func spawn(ctx context.Context, f *flags) (*load.Proc, func(), error) {
 		return nil, nil, err
 	}
 	spawnedEndpoint = dummy.Addr()
-	p, err := load.Spawn(ctx, load.SpawnOptions{
-		Bin: bin, TLS: f.tls, Endpoints: []string{dummy.Addr()}, Args: f.eppArgs, Log: logf,
+	p, err := bins.StartPicker(ctx, launch.PickerOptions{
+		TLS: f.tls, Endpoints: []string{dummy.Addr()}, Args: f.eppArgs, Proc: launch.ProcOptions{Output: logf},
 	})
 	if err != nil {
 		dummy.Close()

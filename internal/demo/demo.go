@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/laneway-dev/laneway/internal/testproc"
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/internal/workload"
 )
 
@@ -92,19 +92,7 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 	if err := os.WriteFile(policyFile, []byte(workload.PolicyYAML(sc.PremiumQuantum, sc.Regular)), 0o644); err != nil {
 		return o, err
 	}
-	const simIP, loIP = "127.0.0.2", "127.0.0.1"
-	simPort, err := testproc.FreePort(simIP)
-	if err != nil {
-		return o, err
-	}
-	ports, err := testproc.FreePorts(loIP, 4)
-	if err != nil {
-		return o, err
-	}
-	grpcPort, healthPort, metricsPort, gwPort := ports[0], ports[1], ports[2], ports[3]
-	simAddr := testproc.HostPort(simIP, simPort)
-
-	var procs []*testproc.Proc
+	var procs []*launch.Proc
 	defer func() {
 		for i := len(procs) - 1; i >= 0; i-- {
 			if serr := procs[i].Stop(10 * time.Second); serr != nil && err == nil {
@@ -113,52 +101,46 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 			_ = os.WriteFile(filepath.Join(dir, procs[i].Name+".log"), []byte(procs[i].Log.String()), 0o644)
 		}
 	}()
-	start := func(name string, args ...string) (*testproc.Proc, error) {
-		// The head of a chatty log is what explains a failure; 1 MiB of it
-		// is plenty.
-		p, err := testproc.Start(testproc.Options{Name: name, Bin: filepath.Join(cfg.BinDir, name), Args: args, LogLimit: 1 << 20})
-		if err == nil {
-			procs = append(procs, p)
-		}
-		return p, err
+	// The head of a chatty log is what explains a failure; 1 MiB of it is
+	// plenty. Each process is named after its log file.
+	proc := func(name string) launch.ProcOptions {
+		return launch.ProcOptions{Name: name, LogLimit: 1 << 20, ReadyTimeout: readyTimeout}
 	}
-
-	sim, err := start("modelsim",
-		"--host", simIP, fmt.Sprint("--port=", simPort),
-		"--max-num-seqs=4", "--max-num-batched-tokens=8192", "--enable-prefix-caching=false",
-		"--prefill-tokens-per-sec=40000", "--time-per-output-token=10ms")
+	bins := launch.InDir(cfg.BinDir)
+	sim, err := bins.StartSim(ctx, launch.SimOptions{
+		Host: "127.0.0.2",
+		Args: []string{
+			"--max-num-seqs=4", "--max-num-batched-tokens=8192", "--enable-prefix-caching=false",
+			"--prefill-tokens-per-sec=40000", "--time-per-output-token=10ms",
+		},
+		Proc: proc(launch.CmdModelsim),
+	})
 	if err != nil {
 		return o, err
 	}
-	epp, err := start("epp",
-		"--endpoints", simAddr, "--policy-config", policyFile, "--bind-address", loIP,
-		fmt.Sprint("--grpc-port=", grpcPort), fmt.Sprint("--grpc-health-port=", healthPort),
-		fmt.Sprint("--metrics-port=", metricsPort), "--max-num-batched-tokens=8192")
+	procs = append(procs, sim.Proc)
+	epp, err := bins.StartPicker(ctx, launch.PickerOptions{
+		Endpoints: []string{sim.Addr},
+		Policy:    policyFile,
+		TLS:       true,
+		Args:      []string{"--max-num-batched-tokens=8192"},
+		Proc:      proc(launch.CmdEpp),
+	})
 	if err != nil {
 		return o, err
 	}
-	gwAddr := testproc.HostPort(loIP, gwPort)
-	gw, err := start("gateway",
-		"--listen", gwAddr, "--epp", testproc.HostPort(loIP, grpcPort), "--epp-insecure-skip-verify")
+	procs = append(procs, epp.Proc)
+	gw, err := bins.StartGateway(ctx, launch.GatewayOptions{Picker: epp, Proc: proc(launch.CmdGateway)})
 	if err != nil {
 		return o, err
 	}
-
-	if err := testproc.WaitFor(ctx, sim, "modelsim", readyTimeout, testproc.HTTPOK("http://"+simAddr+"/health")); err != nil {
-		return o, err
-	}
-	if err := testproc.WaitGRPCServing(ctx, epp, testproc.HostPort(loIP, healthPort), "readiness", nil, readyTimeout); err != nil {
-		return o, err
-	}
-	if err := testproc.WaitFor(ctx, gw, "gateway", readyTimeout, testproc.TCPOpen(gwAddr)); err != nil {
-		return o, err
-	}
+	procs = append(procs, gw.Proc)
 
 	fmt.Fprintf(cfg.Out, "\n== quanta %s (premium:regular): %d + %d requests of 512 tokens, one model server with 4 slots\n",
 		sc.Name, cfg.PerClass, cfg.PerClass)
 	bar := newProgress(cfg.Progress, sc.Name)
 	res, err := workload.Run(ctx, workload.Spec{
-		URL:          "http://" + gwAddr + "/v1/completions",
+		URL:          gw.URL + "/v1/completions",
 		Model:        "sim-model",
 		Classes:      []string{"premium", "regular"},
 		PerClass:     cfg.PerClass,
@@ -172,6 +154,14 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 	}
 	o.Result = res
 	o.Shares = workload.Analyze(res)
+	// The picker's own count, next to what the clients saw: every request
+	// is dispatched once.
+	m, err := epp.Metrics.Scrape(ctx)
+	if err != nil {
+		return o, err
+	}
+	fmt.Fprintf(cfg.Out, "   picker dispatched premium %v, regular %v (laneway_dispatches_total)\n",
+		m.Value("laneway_dispatches_total", "policy_class", "premium"), m.Value("laneway_dispatches_total", "policy_class", "regular"))
 	if cfg.PerClass == 320 {
 		o.Misses = o.Shares.Check(sc.Weighted)
 	}

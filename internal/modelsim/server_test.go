@@ -18,8 +18,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 // sim is a simulator served on a loopback address for one test.
@@ -151,37 +151,20 @@ func (s *sim) stream(t *testing.T, path string, body map[string]any) streamResul
 }
 
 // scrape fetches /metrics and parses it with the Prometheus text parser.
-func (s *sim) scrape(t *testing.T) map[string]*dto.MetricFamily {
+func (s *sim) scrape(t *testing.T) launch.Metrics {
 	t.Helper()
-	resp, err := http.Get(s.base + "/metrics")
-	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
-	return fams
+	return launch.Page(s.base + "/metrics").Read(t)
 }
 
-// value returns the value of the single series of a counter or gauge family.
-func value(t *testing.T, fams map[string]*dto.MetricFamily, name string) float64 {
+// value returns the value of a counter or gauge series; a missing one
+// fails the test.
+func value(t *testing.T, m launch.Metrics, name string) float64 {
 	t.Helper()
-	f, ok := fams[name]
-	if !ok || len(f.Metric) == 0 {
+	v, ok := m.Sum(name)
+	if !ok {
 		t.Fatalf("metric %s missing", name)
 	}
-	m := f.Metric[0]
-	switch {
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	}
-	t.Fatalf("metric %s is neither counter nor gauge", name)
-	return 0
+	return v
 }
 
 func (s *sim) debug(t *testing.T) DebugRequests {
@@ -438,7 +421,7 @@ func TestMetricsPage(t *testing.T) {
 		"vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
 		"vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds", "vllm:lora_requests_info",
 	} {
-		if _, ok := fams[name]; !ok {
+		if fams.Family(name) == nil {
 			t.Errorf("metric %s missing", name)
 		}
 	}
@@ -449,11 +432,11 @@ func TestMetricsPage(t *testing.T) {
 		}
 		return out
 	}
-	info := fams["vllm:cache_config_info"].Metric[0]
+	info := fams.Family("vllm:cache_config_info").Metric[0]
 	if l := labels(info); l["block_size"] != "32" || l["num_gpu_blocks"] != "1000" || info.Gauge.GetValue() != 1 {
 		t.Errorf("cache_config_info = %v value %v", l, info.Gauge.GetValue())
 	}
-	if l := labels(fams["vllm:num_requests_running"].Metric[0]); l["model_name"] != "sim-model" {
+	if l := labels(fams.Family("vllm:num_requests_running").Metric[0]); l["model_name"] != "sim-model" {
 		t.Errorf("num_requests_running labels %v, want model_name=sim-model", l)
 	}
 	if got := value(t, fams, "vllm:generation_tokens_total"); got != 2 {
@@ -463,7 +446,7 @@ func TestMetricsPage(t *testing.T) {
 	// now; an older one named sql-lora running.
 	var newest *dto.Metric
 	sawRunning := false
-	for _, m := range fams["vllm:lora_requests_info"].Metric {
+	for _, m := range fams.Family("vllm:lora_requests_info").Metric {
 		l := labels(m)
 		if l["max_lora"] != "2" {
 			t.Errorf("lora_requests_info max_lora = %q, want 2", l["max_lora"])
@@ -476,7 +459,7 @@ func TestMetricsPage(t *testing.T) {
 		}
 	}
 	if !sawRunning || labels(newest)["running_lora_adapters"] != "" {
-		t.Errorf("lora_requests_info series %v: want an older sql-lora series and a newest idle one", fams["vllm:lora_requests_info"].Metric)
+		t.Errorf("lora_requests_info series %v: want an older sql-lora series and a newest idle one", fams.Family("vllm:lora_requests_info").Metric)
 	}
 	if ts := newest.Gauge.GetValue(); time.Since(time.Unix(int64(ts), 0)) > time.Minute {
 		t.Errorf("lora_requests_info value %v is not a recent unix time", ts)
@@ -531,7 +514,8 @@ func TestSchedulingOrder(t *testing.T) {
 				})
 				// Arrival order must be the submission order: wait until the
 				// engine counts it (no event exists; poll with a deadline).
-				waitFor(t, func() bool { return s.srv.engine.waitingN.Load() == int64(i+1) })
+				launch.WaitFor(t, func() string { return fmt.Sprintf("%d requests waiting, want %d", s.srv.engine.waitingN.Load(), i+1) },
+					func() bool { return s.srv.engine.waitingN.Load() == int64(i+1) })
 			}
 			cancel() // the blocker's client goes away: the engine aborts it
 			wg.Wait()
@@ -554,17 +538,6 @@ func TestSchedulingOrder(t *testing.T) {
 				t.Errorf("log lacks the received priority:\n%s", logs)
 			}
 		})
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 10s")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

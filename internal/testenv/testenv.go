@@ -14,7 +14,7 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
-	"github.com/laneway-dev/laneway/internal/testproc"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 // ErrNoAssets is wrapped by Start and AssetsDir when the kube-apiserver and
@@ -24,7 +24,7 @@ var ErrNoAssets = errors.New("envtest binaries (kube-apiserver, etcd) not found;
 
 // RepoRoot returns the directory of the module's go.mod, found by walking up
 // from the working directory (a test's working directory is its package).
-func RepoRoot() (string, error) { return testproc.ModuleRoot() }
+func RepoRoot() (string, error) { return launch.ModuleRoot() }
 
 // AssetsDir returns the directory holding kube-apiserver and etcd:
 // $KUBEBUILDER_ASSETS when set, else <repo root>/bin/k8s. The error wraps

@@ -12,6 +12,8 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 // eventTimeout guards waits for events that should come within a few
@@ -258,19 +260,13 @@ func TestScrapeFailuresNeverLookFresh(t *testing.T) {
 			sink := make(chanSink, 64)
 			s := newTestScraper(t, sink, ScrapeOptions{Interval: 10 * time.Millisecond, Log: log})
 			s.SetTargets([]Target{{Addr: ps.addr, Engine: tc.engine}})
-			deadline := time.Now().Add(eventTimeout)
-			for {
-				st := s.Status()
-				if len(st) == 1 && st[0].Errors >= 3 {
-					if st[0].Fresh {
-						t.Fatalf("status %+v: fresh after failures only", st[0])
-					}
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("status %+v: want 3 errors", st)
-				}
-				time.Sleep(5 * time.Millisecond)
+			var st []TargetStatus
+			launch.WaitFor(t, func() string { return fmt.Sprintf("status %+v: want 3 errors", st) }, func() bool {
+				st = s.Status()
+				return len(st) == 1 && st[0].Errors >= 3
+			})
+			if st[0].Fresh {
+				t.Fatalf("status %+v: fresh after failures only", st[0])
 			}
 			select {
 			case d := <-sink:
@@ -311,10 +307,14 @@ func TestScrapeTransitionsLoggedOnce(t *testing.T) {
 	sink.next(t)
 	ps.set("", http.StatusServiceUnavailable) // fails fast, many times
 	sink.nextWhere(t, "stale", func(d delivery) bool { return d.stale })
-	// Several more failures while stale must not log again.
-	for base := s.Status()[0].Errors; s.Status()[0].Errors < base+5; {
-		time.Sleep(5 * time.Millisecond)
-	}
+	// Several more failures while stale must not log again. The scraper
+	// raises no event per failure: poll its status, with a deadline.
+	base := s.Status()[0].Errors
+	var st []TargetStatus
+	launch.WaitFor(t, func() string { return fmt.Sprintf("status %+v: want %d errors", st, base+5) }, func() bool {
+		st = s.Status()
+		return st[0].Errors >= base+5
+	})
 	ps.set(vllmPage(0, 0), http.StatusOK)
 	sink.nextWhere(t, "fresh", func(d delivery) bool { return !d.stale })
 	logMu.Lock()

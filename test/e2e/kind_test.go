@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/transport/spdy"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/internal/testenv"
 )
 
@@ -96,7 +97,7 @@ func run(ctx context.Context, dir, bin string, args ...string) (string, error) {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("%s %s: %w\n%s", filepath.Base(bin), strings.Join(args, " "), err, tail(out.String(), 4000))
+		return out.String(), fmt.Errorf("%s %s: %w\n%s", filepath.Base(bin), strings.Join(args, " "), err, launch.Tail(out.String(), 4000))
 	}
 	return out.String(), nil
 }
@@ -352,7 +353,7 @@ func (kr *kindRelease) forwardEnvoy(ctx context.Context) (int, error) {
 	if err := kr.c.kube.List(ctx, &pods, client.InNamespace(kr.ns), sel); err != nil || len(pods.Items) == 0 {
 		return 0, fmt.Errorf("find the Envoy pod of %s: %v (%d pods)", kr.release, err, len(pods.Items))
 	}
-	ports, err := freeLoopbackPorts(1)
+	port, err := launch.FreePort("127.0.0.1")
 	if err != nil {
 		return 0, err
 	}
@@ -363,7 +364,7 @@ func (kr *kindRelease) forwardEnvoy(ctx context.Context) (int, error) {
 	url := kr.c.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(kr.ns).Name(pods.Items[0].Name).SubResource("portforward").URL()
 	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: transport}, http.MethodPost, url)
 	ready := make(chan struct{})
-	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("%d:8080", ports[0])}, kr.stopFwd, ready, io.Discard, io.Discard)
+	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("%d:8080", port)}, kr.stopFwd, ready, io.Discard, io.Discard)
 	if err != nil {
 		return 0, err
 	}
@@ -371,7 +372,7 @@ func (kr *kindRelease) forwardEnvoy(ctx context.Context) (int, error) {
 	go func() { errc <- fw.ForwardPorts() }()
 	select {
 	case <-ready:
-		return ports[0], nil
+		return port, nil
 	case err := <-errc:
 		return 0, fmt.Errorf("port-forward to Envoy: %w", err)
 	case <-ctx.Done():

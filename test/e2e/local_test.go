@@ -5,19 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,9 +25,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/laneway-dev/laneway/internal/gateway"
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/internal/testenv"
-	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
 // Bounds of the local environment's waits: failure guards for events that
@@ -49,7 +46,7 @@ type localCluster struct {
 	cfg   *rest.Config
 	kube  client.Client
 	apply *applier
-	bin   string
+	bins  launch.Binaries
 }
 
 func newLocalCluster(t *testing.T) *localCluster {
@@ -66,7 +63,7 @@ func newLocalCluster(t *testing.T) *localCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &localCluster{cfg: cfg, kube: kube, apply: a, bin: binaries(t)}
+	return &localCluster{cfg: cfg, kube: kube, apply: a, bins: binaries(t)}
 }
 
 // nextIP hands out loopback addresses in 127.88.0.0/16, a range no other
@@ -80,55 +77,6 @@ func allocIP() (string, error) {
 		return "", errors.New("out of loopback addresses for pods")
 	}
 	return fmt.Sprintf("127.88.%d.%d", n/250, n%250+1), nil
-}
-
-// commonPort finds a port free on every one of ips: all pods of a pool
-// serve the pool's target port.
-func commonPort(ips []string) (int, error) {
-	for attempt := 0; attempt < 20; attempt++ {
-		ln, err := net.Listen("tcp", net.JoinHostPort(ips[0], "0"))
-		if err != nil {
-			return 0, err
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ok := true
-		var held []net.Listener
-		for _, ip := range ips[1:] {
-			l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
-			if err != nil {
-				ok = false
-				break
-			}
-			held = append(held, l)
-		}
-		ln.Close()
-		for _, l := range held {
-			l.Close()
-		}
-		if ok {
-			return port, nil
-		}
-	}
-	return 0, errors.New("no port free on every pod address")
-}
-
-func freeLoopbackPorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // localValues are the chart values every local release gets: the chart
@@ -150,18 +98,12 @@ inferencePool:
 
 // localRelease is a release's local processes.
 type localRelease struct {
-	c       *localCluster
-	r       *release
-	t       *testing.T
-	eppBin  string
-	eppArgs []string
-	eppEnv  []string
-	health  string
-	metrics string
+	c *localCluster
+	r *release
 
 	mu   sync.Mutex
-	epp  *proc
-	sims map[string]*proc
+	epp  *launch.Picker
+	sims map[string]*launch.Sim
 }
 
 func (c *localCluster) install(t *testing.T, spec installSpec) *release {
@@ -181,7 +123,7 @@ func (c *localCluster) install(t *testing.T, spec installSpec) *release {
 		}
 		ips[i] = ip
 	}
-	port, err := commonPort(ips)
+	port, err := launch.FreePortOnAll(ips)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,30 +143,24 @@ func (c *localCluster) install(t *testing.T, spec installSpec) *release {
 		t.Fatalf("the chart rendered no picker Deployment: %v", kinds(objs))
 	}
 
-	lr := &localRelease{c: c, t: t, eppBin: filepath.Join(c.bin, "epp"), sims: map[string]*proc{}}
+	lr := &localRelease{c: c, sims: map[string]*launch.Sim{}}
 	r := &release{t: t, ns: ns, pool: "pool", kube: c.kube, pods: map[string]*simPod{}, ops: lr, http: newHTTPClient()}
 	lr.r = r
-	t.Cleanup(lr.stopAll)
 
 	// Model servers first, then their pod objects, so a Ready pod always
 	// has a live server behind it.
 	for i, ps := range spec.pods {
-		addr := net.JoinHostPort(ips[i], strconv.Itoa(port))
-		p, err := startProc("modelsim "+ps.name, filepath.Join(c.bin, "modelsim"),
-			append([]string{"--host=" + ips[i], "--port=" + strconv.Itoa(port), "--instance=" + ps.name, "--model=sim-model"}, simArgs...), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := c.bins.RunSim(t, launch.SimOptions{
+			Host: ips[i],
+			Port: port,
+			Args: append([]string{"--instance=" + ps.name, "--model=sim-model"}, simArgs...),
+			Proc: launch.ProcOptions{Name: "modelsim " + ps.name, ReadyTimeout: startTimeout, StopGrace: 15 * time.Second},
+		})
 		lr.mu.Lock()
-		lr.sims[ps.name] = p
+		lr.sims[ps.name] = s
 		lr.mu.Unlock()
-		r.pods[ps.name] = &simPod{name: ps.name, addr: addr}
-	}
-	for _, ps := range spec.pods {
-		if err := testproc.WaitFor(ctx, lr.sims[ps.name].Proc, "modelsim "+ps.name, startTimeout, testproc.HTTPOK("http://"+r.pods[ps.name].addr+"/health")); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.createPod(ctx, ns, ps, strings.Split(r.pods[ps.name].addr, ":")[0]); err != nil {
+		r.pods[ps.name] = &simPod{name: ps.name, addr: s.Addr}
+		if err := c.createPod(ctx, ns, ps, ips[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -236,42 +172,23 @@ func (c *localCluster) install(t *testing.T, spec installSpec) *release {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ports, err := freeLoopbackPorts(3)
+	args, secure, err := localEPPArgs(dep, kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	args, secure, err := localEPPArgs(dep, ports, kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lr.eppArgs, lr.eppEnv = args, []string{"POD_NAMESPACE=" + ns, "POD_NAME=" + spec.name + "-epp-0"}
-	lr.health = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
-	lr.metrics = "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2])) + "/metrics"
-	if err := lr.startEPP(ctx); err != nil {
-		t.Fatal(err)
-	}
+	lr.epp = c.bins.RunPicker(t, launch.PickerOptions{
+		TLS:  secure,
+		Args: args,
+		Proc: launch.ProcOptions{
+			Name:         "epp",
+			Env:          append(os.Environ(), "POD_NAMESPACE="+ns, "POD_NAME="+spec.name+"-epp-0"),
+			ReadyTimeout: startTimeout,
+			StopGrace:    eppDrain + 10*time.Second,
+		},
+	})
 
 	// The local gateway in place of Envoy.
-	grpcAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
-	conn, err := gateway.Dial(grpcAddr, gateway.DialOptions{TLS: secure, InsecureSkipVerify: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw := gateway.New(conn, gateway.Options{Timeout: 3 * time.Minute, Logger: testLogger(t)})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		gw.Close()
-		_ = conn.Close()
-	})
-	r.url = "http://" + ln.Addr().String()
+	r.url = c.bins.RunGateway(t, launch.GatewayOptions{Picker: lr.epp, Timeout: 3 * time.Minute}).URL
 
 	if err := waitPodsRouted(ctx, r, spec.pods); err != nil {
 		t.Fatalf("%v\npicker log:\n%s", err, lr.diagnostics())
@@ -280,36 +197,33 @@ func (c *localCluster) install(t *testing.T, spec installSpec) *release {
 }
 
 // localEPPArgs turns the chart's picker container args into a local
-// command line: the same flags, on free loopback ports, with the
-// ServiceAccount kubeconfig. It reports whether the picker serves TLS.
-func localEPPArgs(dep *unstructured.Unstructured, ports []int, kubeconfig string) ([]string, bool, error) {
+// command line: the same flags, less the ports (the launcher has the
+// kernel choose free loopback ones), with the ServiceAccount kubeconfig.
+// It reports whether the picker serves TLS.
+func localEPPArgs(dep *unstructured.Unstructured, kubeconfig string) ([]string, bool, error) {
 	containers, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "containers")
 	if len(containers) != 1 {
 		return nil, false, fmt.Errorf("picker Deployment has %d containers", len(containers))
 	}
 	raw, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
-	override := map[string]string{
-		"--grpc-port":        strconv.Itoa(ports[0]),
-		"--grpc-health-port": strconv.Itoa(ports[1]),
-		"--metrics-port":     strconv.Itoa(ports[2]),
-	}
+	ports := map[string]bool{"--grpc-port": true, "--grpc-health-port": true, "--metrics-port": true}
 	secure := true
 	var args []string
 	for _, a := range raw {
 		name, val, _ := strings.Cut(a, "=")
-		if v, ok := override[name]; ok {
-			a = name + "=" + v
-			delete(override, name)
+		if ports[name] {
+			delete(ports, name)
+			continue
 		}
 		if name == "--secure-serving" {
 			secure = val != "false"
 		}
 		args = append(args, a)
 	}
-	if len(override) > 0 {
-		return nil, false, fmt.Errorf("chart args %v lack %v", raw, override)
+	if len(ports) > 0 {
+		return nil, false, fmt.Errorf("chart args %v lack %v", raw, slices.Sorted(maps.Keys(ports)))
 	}
-	return append(args, "--bind-address=127.0.0.1", "--kubeconfig="+kubeconfig), secure, nil
+	return append(args, "--kubeconfig="+kubeconfig), secure, nil
 }
 
 // serviceAccountKubeconfig writes a kubeconfig holding a TokenRequest
@@ -376,52 +290,20 @@ func (c *localCluster) createPod(ctx context.Context, ns string, ps podSpec, ip 
 	return nil
 }
 
-// startEPP starts the picker and waits until its readiness service is
-// SERVING (caches synced, endpoints and policy handed to the dispatcher).
-func (lr *localRelease) startEPP(ctx context.Context) error {
-	p, err := startProc("epp", lr.eppBin, lr.eppArgs, lr.eppEnv)
-	if err != nil {
-		return err
-	}
-	lr.mu.Lock()
-	lr.epp = p
-	lr.mu.Unlock()
-	if err := testproc.WaitGRPCServing(ctx, p.Proc, lr.health, "readiness", nil, startTimeout); err != nil {
-		return fmt.Errorf("%w\nargs: %v\nlog:\n%s", err, lr.eppArgs, tail(p.out.String(), 8000))
-	}
-	return nil
-}
-
-func (lr *localRelease) stopAll() {
-	lr.mu.Lock()
-	epp, sims := lr.epp, lr.sims
-	lr.mu.Unlock()
-	if epp != nil {
-		if err := epp.Stop(eppDrain + 10*time.Second); err != nil {
-			lr.t.Errorf("picker shutdown: %v", err)
-		}
-		if lr.t.Failed() {
-			lr.t.Logf("picker log:\n%s", tail(epp.out.String(), 20000))
-		}
-	}
-	for name, p := range sims {
-		if err := p.Stop(15 * time.Second); err != nil {
-			lr.t.Errorf("model server %s shutdown: %v", name, err)
-		}
-	}
-}
-
 func (lr *localRelease) diagnostics() string {
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
 	if lr.epp == nil {
 		return "(no picker)"
 	}
-	return tail(lr.epp.out.String(), 20000)
+	return lr.epp.Log.Tail(20000)
 }
 
 func (lr *localRelease) pickerMetrics(ctx context.Context) ([]byte, error) {
-	return httpGet(ctx, lr.metrics)
+	lr.mu.Lock()
+	page := lr.epp.Metrics
+	lr.mu.Unlock()
+	return httpGet(ctx, string(page))
 }
 
 func (lr *localRelease) beginPodDeletion(ctx context.Context, name string) error {
@@ -452,21 +334,27 @@ func (lr *localRelease) finishPodDeletion(ctx context.Context, name string) erro
 		return fmt.Errorf("the picker still routes to removed pod %s (last answer %v): %w", name, last, err)
 	}
 	lr.mu.Lock()
-	p := lr.sims[name]
+	s := lr.sims[name]
 	delete(lr.sims, name)
 	lr.mu.Unlock()
 	// SIGTERM, as a kubelet sends: the server finishes what it has.
-	return p.Stop(15 * time.Second)
+	return s.Stop(15 * time.Second)
 }
 
+// restartPicker stops the picker and starts it again on the same ports,
+// where the gateway's connection finds it.
 func (lr *localRelease) restartPicker(ctx context.Context) error {
 	lr.mu.Lock()
 	old := lr.epp
 	lr.mu.Unlock()
-	if err := old.Stop(eppDrain + 10*time.Second); err != nil {
-		return fmt.Errorf("stop picker: %w", err)
+	p, err := old.Restart(ctx)
+	if err != nil {
+		return fmt.Errorf("picker: %w", err)
 	}
-	return lr.startEPP(ctx)
+	lr.mu.Lock()
+	lr.epp = p
+	lr.mu.Unlock()
+	return nil
 }
 
 // httpGet returns the body of a 200 answer from url.
@@ -507,13 +395,4 @@ func waitPodsRouted(ctx context.Context, r *release, pods []podSpec) error {
 		}
 	}
 	return nil
-}
-
-// testLogger is a logr for in-process components that writes to the test
-// log only when verbose logging is on.
-func testLogger(t *testing.T) logr.Logger {
-	if testing.Verbose() && os.Getenv("E2E_GATEWAY_LOG") == "1" {
-		return testr.New(t)
-	}
-	return logr.Discard()
 }

@@ -15,8 +15,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/internal/testenv"
-	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
 // Environment names (E2E_ENV).
@@ -49,6 +49,7 @@ var shared struct {
 
 	binOnce sync.Once
 	binDir  string
+	bins    launch.Binaries
 	binErr  error
 }
 
@@ -92,7 +93,12 @@ func helmBinary(t testing.TB) string {
 			shared.helm = p
 			return
 		}
-		cmd := exec.Command(testproc.GoTool(), "build", "-o", p, "helm.sh/helm/v3/cmd/helm")
+		gotool, err := launch.GoTool()
+		if err != nil {
+			shared.helmErr = fmt.Errorf("build helm (as `make helm`): %w", err)
+			return
+		}
+		cmd := exec.Command(gotool, "build", "-o", p, "helm.sh/helm/v3/cmd/helm")
 		cmd.Dir = filepath.Join(shared.root, "hack", "tools")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			shared.helmErr = fmt.Errorf("build helm (as `make helm`): %w\n%s", err, out)
@@ -136,14 +142,11 @@ func apiServer(t testing.TB) *rest.Config {
 	return rest.CopyConfig(shared.apiCfg)
 }
 
-// raceEPP builds the local environment's picker with the race detector
-// (LANEWAY_EPP_RACE=1, as in test/integration): slower, and it makes a data
-// race in the real binary under these workloads fail the suite.
-var raceEPP = os.Getenv("LANEWAY_EPP_RACE") == "1"
-
-// binaries builds cmd/epp and cmd/modelsim once into a temporary folder
-// and returns it.
-func binaries(t testing.TB) string {
+// binaries builds cmd/epp, cmd/modelsim and cmd/gateway once into a
+// temporary folder; the picker with the race detector when launch.RaceEnv
+// asks (as in test/integration): slower, and it makes a data race in the
+// real binary under these workloads fail the suite.
+func binaries(t testing.TB) launch.Binaries {
 	t.Helper()
 	shared.binOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "laneway-e2e-bin-")
@@ -152,16 +155,12 @@ func binaries(t testing.TB) string {
 			return
 		}
 		shared.binDir = dir
-		if _, err := testproc.Build(dir, "./cmd/epp", raceEPP); err != nil {
-			shared.binErr = err
-			return
-		}
-		_, shared.binErr = testproc.Build(dir, "./cmd/modelsim", false)
+		shared.bins, shared.binErr = launch.Build(dir, launch.RaceFromEnv(), launch.CmdEpp, launch.CmdModelsim, launch.CmdGateway)
 	})
 	if shared.binErr != nil {
 		t.Fatal(shared.binErr)
 	}
-	return shared.binDir
+	return shared.bins
 }
 
 // testContext is a context bounded by the test's deadline (less a margin

@@ -14,13 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/internal/workload"
 )
 
@@ -197,10 +196,9 @@ func checkPickerMetricsDocumented(ctx context.Context, t *testing.T, r *release)
 	if err != nil {
 		t.Fatalf("picker metrics: %v", err)
 	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(bytes.NewReader(page))
+	m, err := launch.ParseMetrics(bytes.NewReader(page))
 	if err != nil {
-		t.Fatalf("parse picker metrics: %v", err)
+		t.Fatalf("picker: %v", err)
 	}
 	docs, err := os.ReadFile(filepath.Join(shared.root, "docs", "metrics.md"))
 	if err != nil {
@@ -208,7 +206,7 @@ func checkPickerMetricsDocumented(ctx context.Context, t *testing.T, r *release)
 	}
 	used, _ := dashboardMetrics(t)
 	exported := map[string]bool{}
-	for name := range fams {
+	for _, name := range m.Names() {
 		if !strings.HasPrefix(name, "laneway_") && !strings.HasPrefix(name, "dynamo_frontend_router_") {
 			continue
 		}

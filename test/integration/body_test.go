@@ -16,6 +16,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
 
@@ -58,11 +59,11 @@ func largeBody(t *testing.T) []byte {
 // real backend that echoes it, then plays the echo back through the
 // response phase, in FULL_DUPLEX_STREAMED and BUFFERED modes.
 func TestLargeBodyRoundTrip(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, eppOptions{endpoints: addrs(bs)})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs)})
 	body := largeBody(t)
-	conn := p.dial(t)
+	conn := p.Conn(t)
 
 	for _, mode := range []struct {
 		name string
@@ -90,20 +91,20 @@ func TestLargeBodyRoundTrip(t *testing.T) {
 			}
 		})
 	}
-	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests")
+	p.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests")
 }
 
 // TestStreamedChunkSizes reads the raw ext_proc messages: a 200 kB request
 // body sent as one message comes back as streamed chunks of at most 62,000
 // bytes that add up to the body, and so does a 200 kB response body.
 func TestStreamedChunkSizes(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, eppOptions{endpoints: addrs(bs)})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs)})
 	body := largeBody(t)
-	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
 	defer cancel()
-	stream, err := extprocv3.NewExternalProcessorClient(p.dial(t)).Process(ctx)
+	stream, err := extprocv3.NewExternalProcessorClient(p.Conn(t)).Process(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +176,7 @@ func TestStreamedChunkSizes(t *testing.T) {
 	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
 		t.Errorf("after the response the picker sent %v, want the end of the stream", err)
 	}
-	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests")
+	p.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests")
 }
 
 // readStreamed collects streamed body answers until end_of_stream.

@@ -4,306 +4,36 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
-	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/testproc"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
-// Bounds of the harness's waits. They are failure guards for events that
-// should come much sooner, not performance assertions.
-const (
-	readyTimeout = 30 * time.Second
-	eventTimeout = 20 * time.Second
-	pollEvery    = 10 * time.Millisecond
-	drainTimeout = 5 * time.Second
-)
+// drainTimeout is the picker's --drain-timeout here: long enough for a
+// drain test's stream to finish, short enough not to slow a failing run.
+const drainTimeout = 5 * time.Second
 
-// eppOptions configure one picker process.
-type eppOptions struct {
-	// endpoints is --endpoints; empty starts a picker without endpoints.
-	endpoints []string
-	// policy is the --policy-config path; empty uses the synthetic default
-	// class (never queues).
-	policy string
-	// tls keeps the default --secure-serving; otherwise plaintext.
-	tls bool
-	// args are further flags.
-	args []string
-}
-
-// eppProc is a running picker subprocess.
-type eppProc struct {
-	grpcAddr, healthAddr, metricsAddr string
-	tls                               bool
-
-	proc *testproc.Proc
-	logs *testproc.Log
-
-	stopOnce sync.Once
-	stopErr  error
-}
-
-// errPortTaken reports that another process bound one of the free ports
-// between our probe and the picker's listen.
-var errPortTaken = errors.New("port taken")
-
-// startEPP starts the picker and waits until its readiness health service
-// reports SERVING. At cleanup it stops the picker with SIGTERM and fails
-// the test unless it exits 0 within the drain timeout; on failure the
-// picker's log goes to the test log.
-func startEPP(t *testing.T, o eppOptions) *eppProc {
+// startEPP runs the picker for the test with the suite's flags before the
+// test's own: the drain timeout, and no metrics scraping (the backends here
+// are plain HTTP servers, not model servers: with scraping on they would
+// never have metrics and so stay busy, and record the scrapes as requests;
+// test/intel covers scraping against the simulator).
+func startEPP(t *testing.T, o launch.PickerOptions) *launch.Picker {
 	t.Helper()
-	var p *eppProc
-	var err error
-	for attempt := 0; attempt < 3; attempt++ {
-		p, err = launchEPP(o)
-		if !errors.Is(err, errPortTaken) {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatalf("start epp: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			// A failed test may have left the picker stuck: ask it for a
-			// goroutine dump (SIGQUIT) instead of a drain, so the log shows
-			// where it was.
-			p.stopOnce.Do(p.proc.Quit)
-			t.Logf("epp log (ended with SIGQUIT for its goroutine dump):\n%s", p.logs)
-			return
-		}
-		if err := p.stop(); err != nil {
-			t.Errorf("epp shutdown: %v", err)
-			t.Logf("epp log:\n%s", p.logs)
-		}
-	})
-	return p
-}
-
-func launchEPP(o eppOptions) (*eppProc, error) {
-	ports, err := testproc.FreePorts("127.0.0.1", 3)
-	if err != nil {
-		return nil, err
-	}
-	p := &eppProc{
-		grpcAddr:    testproc.HostPort("127.0.0.1", ports[0]),
-		healthAddr:  testproc.HostPort("127.0.0.1", ports[1]),
-		metricsAddr: testproc.HostPort("127.0.0.1", ports[2]),
-		tls:         o.tls,
-	}
-	args := []string{
-		"--bind-address=127.0.0.1",
-		"--grpc-port=" + strconv.Itoa(ports[0]),
-		"--grpc-health-port=" + strconv.Itoa(ports[1]),
-		"--metrics-port=" + strconv.Itoa(ports[2]),
-		"--endpoints=" + strings.Join(o.endpoints, ","),
-		"--drain-timeout=" + drainTimeout.String(),
-		"--secure-serving=" + strconv.FormatBool(o.tls),
-		// The backends here are plain HTTP servers, not model servers: with
-		// scraping on they would never have metrics and so stay busy (and
-		// record the scrapes as requests). test/intel covers scraping
-		// against the simulator.
-		"--scrape-metrics=false",
-	}
-	if o.policy != "" {
-		args = append(args, "--policy-config="+o.policy)
-	}
-	args = append(args, o.args...)
-	p.proc, err = testproc.Start(testproc.Options{Name: "epp", Bin: eppBinary, Args: args})
-	if err != nil {
-		return nil, err
-	}
-	p.logs = p.proc.Log
-	if err := testproc.WaitGRPCServing(context.Background(), p.proc, p.healthAddr, "readiness", nil, readyTimeout); err != nil {
-		p.proc.Kill()
-		if strings.Contains(p.logs.String(), "address already in use") {
-			return nil, fmt.Errorf("%w: %v", errPortTaken, err)
-		}
-		return nil, fmt.Errorf("epp %v not ready: %w\nlog:\n%s", args, err, p.logs)
-	}
-	return p, nil
-}
-
-// signal sends SIGTERM without waiting.
-func (p *eppProc) sigterm(t *testing.T) {
-	t.Helper()
-	if err := p.proc.Signal(syscall.SIGTERM); err != nil {
-		t.Fatalf("SIGTERM epp: %v", err)
-	}
-}
-
-// stop sends SIGTERM (if the process still runs) and waits for the exit;
-// anything but a clean exit 0 within the drain timeout is an error. It is
-// idempotent.
-func (p *eppProc) stop() error {
-	p.stopOnce.Do(func() { p.stopErr = p.proc.Stop(drainTimeout + 5*time.Second) })
-	return p.stopErr
-}
-
-// waitExit waits for the process to exit and checks it exited 0; past
-// limit it gets SIGQUIT, so the log shows what held the drain up.
-func (p *eppProc) waitExit(limit time.Duration) error {
-	return p.proc.Wait(limit)
-}
-
-// dial opens a gRPC connection to the picker's ext_proc port (TLS with
-// verification off when the picker serves TLS, as gateways configure it for
-// a self-signed picker), closed at cleanup.
-func (p *eppProc) dial(t *testing.T) *grpc.ClientConn {
-	t.Helper()
-	creds := insecure.NewCredentials()
-	if p.tls {
-		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // self-signed test picker
-	}
-	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		t.Fatalf("dial epp %s: %v", p.grpcAddr, err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
-}
-
-// client returns a gateway client over a new connection.
-func (p *eppProc) client(t *testing.T, o extprocclient.Options) *extprocclient.Client {
-	t.Helper()
-	return extprocclient.New(p.dial(t), o)
-}
-
-// scrapeClient bounds a scrape: a picker whose loop is stuck answers
-// /metrics never, and the test should say so instead of hanging.
-var scrapeClient = &http.Client{Timeout: 10 * time.Second}
-
-// scrape reads the picker's /metrics.
-func (p *eppProc) scrape(t *testing.T) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := scrapeClient.Get("http://" + p.metricsAddr + "/metrics")
-	if err != nil {
-		t.Fatalf("scrape epp metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("scrape epp metrics: status %d", resp.StatusCode)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse epp metrics: %v", err)
-	}
-	return fams
-}
-
-// metricSum adds up the series of family name whose labels include every
-// pair of labels ("k1", "v1", "k2", "v2", ...); found is false when no
-// series matched.
-func metricSum(fams map[string]*dto.MetricFamily, name string, labels ...string) (sum float64, found bool) {
-	f, ok := fams[name]
-	if !ok {
-		return 0, false
-	}
-next:
-	for _, m := range f.GetMetric() {
-		for i := 0; i+1 < len(labels); i += 2 {
-			matched := false
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-					matched = true
-					break
-				}
-			}
-			if !matched {
-				continue next
-			}
-		}
-		found = true
-		switch {
-		case m.Gauge != nil:
-			sum += m.GetGauge().GetValue()
-		case m.Counter != nil:
-			sum += m.GetCounter().GetValue()
-		case m.Untyped != nil:
-			sum += m.GetUntyped().GetValue()
-		}
-	}
-	return sum, found
-}
-
-// metric is metricSum of one fresh scrape; absent series read 0.
-func (p *eppProc) metric(t *testing.T, name string, labels ...string) float64 {
-	t.Helper()
-	v, _ := metricSum(p.scrape(t), name, labels...)
-	return v
-}
-
-// waitMetric polls the metrics (the picker offers no event for them) until
-// the sum equals want.
-func (p *eppProc) waitMetric(t *testing.T, want float64, name string, labels ...string) {
-	t.Helper()
-	var got float64
-	waitFor(t, func() bool {
-		got = p.metric(t, name, labels...)
-		return got == want
-	}, func() string { return fmt.Sprintf("%s%v = %v, want %v", name, labels, got, want) })
-}
-
-// waitFor polls cond with a deadline, for states that raise no event.
-func waitFor(t *testing.T, cond func() bool, what func() string) {
-	t.Helper()
-	deadline := time.Now().Add(eventTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s: %s", eventTimeout, what())
-		}
-		time.Sleep(pollEvery)
-	}
-}
-
-// checkGoroutines fails the test when the test process has more goroutines
-// after the test's cleanups than before it. Call it first so its cleanup
-// runs last.
-func checkGoroutines(t *testing.T) {
-	t.Helper()
-	base := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			n := runtime.NumGoroutine()
-			if n <= base {
-				return
-			}
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<20)
-				k := runtime.Stack(buf, true)
-				t.Errorf("%d goroutines left after the test, %d before it:\n%s", n, base, buf[:k])
-				return
-			}
-			time.Sleep(pollEvery)
-		}
-	})
+	o.Args = append([]string{"--drain-timeout=" + drainTimeout.String(), "--scrape-metrics=false"}, o.Args...)
+	o.Proc.StopGrace = drainTimeout + 5*time.Second
+	return bins.RunPicker(t, o)
 }
 
 // writePolicy writes a policy file into the test's temp dir.
@@ -434,7 +164,7 @@ func forward(t *testing.T, ex *extprocclient.Exchange, path string, h http.Heade
 	req.Header.Del("content-length") // net/http sets it from the body
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr, Timeout: eventTimeout}).Do(req)
+	resp, err := (&http.Client{Transport: tr, Timeout: launch.EventTimeout}).Do(req)
 	if err != nil {
 		t.Fatalf("forward to %s: %v", d.Endpoints[0], err)
 	}
@@ -547,8 +277,8 @@ func await(t *testing.T, ch <-chan started) started {
 			t.Fatalf("request %q: %v", s.name, s.err)
 		}
 		return s
-	case <-time.After(eventTimeout):
-		t.Fatalf("no answer within %s", eventTimeout)
+	case <-time.After(launch.EventTimeout):
+		t.Fatalf("no answer within %s", launch.EventTimeout)
 		return started{}
 	}
 }

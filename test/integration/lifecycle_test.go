@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
 
@@ -21,10 +23,10 @@ import (
 // stream is answered 503 shutting_down, a dispatched stream still plays its
 // response to the end, and the process exits 0.
 func TestSIGTERMDrain(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, eppOptions{endpoints: addrs(bs), policy: writePolicy(t, busyPolicy)})
-	c := p.client(t, extprocclient.Options{})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	c := p.Client(t, extprocclient.Options{})
 
 	holder := mustStart(t, c, spec(tokens(500, 0)))
 	mustRoute(t, holder)
@@ -34,9 +36,9 @@ func TestSIGTERMDrain(t *testing.T) {
 	for i := 0; i < n; i++ {
 		startInto(ctx, c, "queued", spec(tokens(150, i+1)), answers)
 	}
-	p.waitMetric(t, n, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+	p.Metrics.Await(t, n, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
 
-	hconn, err := grpc.NewClient(p.healthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	hconn, err := grpc.NewClient(p.HealthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +51,9 @@ func TestSIGTERMDrain(t *testing.T) {
 		t.Fatalf("readiness before SIGTERM: %v %v", st, err)
 	}
 
-	p.sigterm(t)
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
 	if st, err := watch.Recv(); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("readiness after SIGTERM: %v %v, want NOT_SERVING", st, err)
 	}
@@ -66,7 +70,7 @@ func TestSIGTERMDrain(t *testing.T) {
 	if err := holder.Close(); err != nil {
 		t.Fatalf("close drained stream: %v", err)
 	}
-	if err := p.waitExit(drainTimeout); err != nil {
+	if err := p.Wait(drainTimeout); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -75,11 +79,11 @@ func TestSIGTERMDrain(t *testing.T) {
 // with ALPN h2 and a gateway that skips verification (the self-signed case)
 // gets picks; a plaintext client does not.
 func TestTLS(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, eppOptions{endpoints: addrs(bs), tls: true})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), TLS: true})
 
-	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: eventTimeout}, "tcp", p.grpcAddr, &tls.Config{
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: launch.EventTimeout}, "tcp", p.GRPCAddr, &tls.Config{
 		InsecureSkipVerify: true, //nolint:gosec // the picker's certificate is self-signed
 		NextProtos:         []string{"h2"},
 	})
@@ -95,7 +99,7 @@ func TestTLS(t *testing.T) {
 		t.Error("no server certificate")
 	}
 
-	c := p.client(t, extprocclient.Options{})
+	c := p.Client(t, extprocclient.Options{})
 	ex := mustStart(t, c, spec(tokens(32, 1)))
 	if got := mustRoute(t, ex); got != bs[0].addr {
 		t.Fatalf("pick %s, want %s", got, bs[0].addr)
@@ -108,14 +112,14 @@ func TestTLS(t *testing.T) {
 
 	// The health service is also served on the TLS ext_proc port, where
 	// Envoy's gRPC health check of the ext_proc cluster goes.
-	hc := healthpb.NewHealthClient(p.dial(t))
-	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	hc := healthpb.NewHealthClient(p.Conn(t))
+	ctx, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
 	defer cancel()
 	if r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: extproc.ServiceName}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health of %s over TLS: %v %v", extproc.ServiceName, r, err)
 	}
 
-	plain, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	plain, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,15 +135,15 @@ func TestTLS(t *testing.T) {
 // TestHealthServices: every health service name of SPEC §7 answers
 // SERVING on the health port of a ready picker.
 func TestHealthServices(t *testing.T) {
-	checkGoroutines(t)
-	p := startEPP(t, eppOptions{})
-	conn, err := grpc.NewClient(p.healthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	launch.CheckGoroutines(t)
+	p := startEPP(t, launch.PickerOptions{})
+	conn, err := grpc.NewClient(p.HealthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
 	hc := healthpb.NewHealthClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
 	defer cancel()
 	for _, name := range []string{"liveness", "readiness", extproc.ServiceName, "inference-extension"} {
 		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: name})

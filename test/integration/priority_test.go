@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 func i32(v int32) *int32   { return &v }
@@ -16,10 +17,10 @@ func u32(v uint32) *uint32 { return &v }
 // arrival; headers override the body; a negative priority never pushes a
 // request back (SPEC §3, §6).
 func TestPriorityOrder(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, eppOptions{endpoints: addrs(bs), policy: writePolicy(t, busyPolicy)})
-	c := p.client(t, extprocclient.Options{})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	c := p.Client(t, extprocclient.Options{})
 
 	holder := mustStart(t, c, spec(tokens(500, 0)))
 	mustRoute(t, holder)
@@ -45,7 +46,7 @@ func TestPriorityOrder(t *testing.T) {
 	for i, r := range reqs {
 		startInto(ctx, c, r.name, spec(tokensWith(150, i+1, r.hints), r.headers...), released)
 		// Wait until it is queued so arrival order is the list order.
-		p.waitMetric(t, float64(i+1), "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+		p.Metrics.Await(t, float64(i+1), "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
 	}
 
 	var order []string
@@ -70,5 +71,5 @@ func TestPriorityOrder(t *testing.T) {
 	if !slices.Equal(order, want) {
 		t.Errorf("release order:\n got %q\nwant %q", order, want)
 	}
-	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests")
+	p.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests")
 }

@@ -3,10 +3,10 @@ package integration
 import (
 	"encoding/json"
 	"net/http"
-	"strings"
 	"testing"
 
 	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 // reloadedPolicy tightens standard's limit to 4 and adds a batch class.
@@ -50,11 +50,11 @@ policy_classes:
 // new classes and limits apply, the queued requests keep their places and
 // are all served, and a later invalid file is logged and ignored.
 func TestPolicyReload(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
 	path := writePolicy(t, busyPolicy)
-	p := startEPP(t, eppOptions{endpoints: addrs(bs), policy: path, args: []string{"--policy-poll-interval=20ms"}})
-	c := p.client(t, extprocclient.Options{})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: path, Args: []string{"--policy-poll-interval=20ms"}})
+	c := p.Client(t, extprocclient.Options{})
 
 	holder := mustStart(t, c, spec(tokens(500, 0)))
 	mustRoute(t, holder)
@@ -69,18 +69,18 @@ func TestPolicyReload(t *testing.T) {
 		}
 		startInto(ctx, c, class, spec(tokens(150, 100+queued), hs...), released)
 		queued++
-		p.waitMetric(t, wantPending, "dynamo_frontend_router_queue_pending_requests", "policy_class", class)
+		p.Metrics.Await(t, wantPending, "dynamo_frontend_router_queue_pending_requests", "policy_class", class)
 	}
 	for i := 1; i <= 3; i++ {
 		enqueue("standard", float64(i))
 	}
 
 	replaceFile(t, path, reloadedPolicy)
-	waitFor(t, func() bool {
-		_, found := metricSum(p.scrape(t), "dynamo_frontend_router_queue_pending_requests", "policy_class", "batch")
+	launch.WaitFor(t, func() string { return "the batch class never appeared in the metrics" }, func() bool {
+		_, found := p.Metrics.Read(t).Sum("dynamo_frontend_router_queue_pending_requests", "policy_class", "batch")
 		return found
-	}, func() string { return "the batch class never appeared in the metrics" })
-	if n := p.metric(t, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); n != 3 {
+	})
+	if n := p.Metrics.Value(t, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); n != 3 {
 		t.Fatalf("standard pending after reload = %v, want the 3 queued before", n)
 	}
 	enqueue("standard", 4)
@@ -101,25 +101,23 @@ func TestPolicyReload(t *testing.T) {
 	overLimit(4)
 
 	replaceFile(t, path, invalidPolicy)
-	waitFor(t, func() bool { return strings.Contains(p.logs.String(), "policy file rejected") },
-		func() string { return "the invalid policy file was never reported" })
-	overLimit(4) // not 1: the old policy stays in force
-	fams := p.scrape(t)
-	if n, _ := metricSum(fams, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); n != 4 {
+	p.WaitLog(t, "policy file rejected") // the invalid policy file is reported
+	overLimit(4)                         // not 1: the old policy stays in force
+	m := p.Metrics.Read(t)
+	if n, _ := m.Sum("dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); n != 4 {
 		t.Errorf("standard pending = %v, want 4", n)
 	}
-	if n, found := metricSum(fams, "dynamo_frontend_router_queue_pending_requests", "policy_class", "batch"); !found || n != 1 {
+	if n, found := m.Sum("dynamo_frontend_router_queue_pending_requests", "policy_class", "batch"); !found || n != 1 {
 		t.Errorf("batch pending = %v (present %v), want 1", n, found)
 	}
 
 	// A policy whose classes all differ: every queued request is resolved
 	// again into the new class, none is dropped.
 	replaceFile(t, path, renamedPolicy)
-	waitFor(t, func() bool {
-		n, _ := metricSum(p.scrape(t), "dynamo_frontend_router_queue_pending_requests", "policy_class", "gold")
-		return n == 5
-	}, func() string { return "the 5 queued requests never showed up in class gold" })
-	if _, found := metricSum(p.scrape(t), "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); found {
+	launch.WaitFor(t, func() string { return "the 5 queued requests never showed up in class gold" }, func() bool {
+		return p.Metrics.Value(t, "dynamo_frontend_router_queue_pending_requests", "policy_class", "gold") == 5
+	})
+	if _, found := p.Metrics.Read(t).Sum("dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); found {
 		t.Error("class standard is still exported after it was removed")
 	}
 
@@ -136,5 +134,5 @@ func TestPolicyReload(t *testing.T) {
 	if served["standard"] != 4 || served["batch"] != 1 {
 		t.Errorf("served %v, want 4 standard and 1 batch", served)
 	}
-	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests")
+	p.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests")
 }

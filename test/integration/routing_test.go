@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 // busyPolicy is one explicit fcfs class that queues once an endpoint has
@@ -27,10 +28,10 @@ policy_classes:
 // header and the envoy.lb metadata carry the same endpoint list, the route
 // cache is cleared, and the picked endpoint really serves the body.
 func TestPickReadyEndpoint(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 2)
-	p := startEPP(t, eppOptions{endpoints: addrs(bs), args: []string{"--max-fallbacks=1"}})
-	c := p.client(t, extprocclient.Options{})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Args: []string{"--max-fallbacks=1"}})
+	c := p.Client(t, extprocclient.Options{})
 
 	body := tokens(64, 1)
 	ex := mustStart(t, c, spec(body))
@@ -73,17 +74,17 @@ func TestPickReadyEndpoint(t *testing.T) {
 		t.Errorf("backend saw %+v, want one request carrying x-gateway-destination-endpoint %v", got, d.Endpoints)
 	}
 	// The stream ended: the endpoint's accounting is released.
-	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", pick)
+	p.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", pick)
 }
 
 // TestNoEndpoint503 covers SPEC §7's 503 answers: no endpoints at all, an
 // empty subset hint, and a hint naming no known endpoint; and that a subset
 // hint is honoured in its list and comma string forms.
 func TestNoEndpoint503(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	t.Run("pool without endpoints", func(t *testing.T) {
-		p := startEPP(t, eppOptions{})
-		c := p.client(t, extprocclient.Options{})
+		p := startEPP(t, launch.PickerOptions{})
+		c := p.Client(t, extprocclient.Options{})
 		ir := immediate(t, mustStart(t, c, spec(tokens(10, 1))), http.StatusServiceUnavailable, "no_endpoints")
 		var body struct {
 			Error string `json:"error"`
@@ -94,8 +95,8 @@ func TestNoEndpoint503(t *testing.T) {
 	})
 
 	bs := startBackends(t, 3)
-	p := startEPP(t, eppOptions{endpoints: addrs(bs), args: []string{"--max-fallbacks=2"}})
-	c := p.client(t, extprocclient.Options{})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Args: []string{"--max-fallbacks=2"}})
+	c := p.Client(t, extprocclient.Options{})
 	a, b, cc := bs[0].addr, bs[1].addr, bs[2].addr
 
 	cases := []struct {
@@ -143,28 +144,28 @@ func TestNoEndpoint503(t *testing.T) {
 // shared request (which goes to the idle endpoint at once) nor loses its
 // place (it goes as soon as its endpoint's prefill finishes).
 func TestPinnedLaneDoesNotBlockOthers(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 2)
 	a, b := bs[0].addr, bs[1].addr
-	p := startEPP(t, eppOptions{endpoints: addrs(bs), policy: writePolicy(t, busyPolicy)})
-	c := p.client(t, extprocclient.Options{})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	c := p.Client(t, extprocclient.Options{})
 
 	big := mustStart(t, c, pinned(spec(tokens(500, 1)), a))
 	if got := mustRoute(t, big); got != a {
 		t.Fatalf("pinned big request went to %s, want %s", got, a)
 	}
-	p.waitMetric(t, 500, "laneway_endpoint_active_prefill_tokens", "endpoint", a)
+	p.Metrics.Await(t, 500, "laneway_endpoint_active_prefill_tokens", "endpoint", a)
 
 	ctx := testCtx(t)
 	waitA := startAsync(ctx, c, "pinned to A", pinned(spec(tokens(20, 2)), a))
-	p.waitMetric(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+	p.Metrics.Await(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
 
 	shared := mustStart(t, c, spec(tokens(20, 3)))
 	if got := mustRoute(t, shared); got != b {
 		t.Fatalf("shared request went to %s, want the idle %s", got, b)
 	}
 	// The shared dispatch did not take the pinned request with it.
-	if n := p.metric(t, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); n != 1 {
+	if n := p.Metrics.Value(t, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); n != 1 {
 		t.Fatalf("pending after the shared dispatch = %v, want the pinned request still queued", n)
 	}
 	select {
@@ -185,17 +186,17 @@ func TestPinnedLaneDoesNotBlockOthers(t *testing.T) {
 	}
 	finishStream(t, big)
 	completeStream(t, got.ex)
-	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests")
+	p.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests")
 }
 
 // TestQueueLimit429: once a class holds request_queue_limit_per_worker ×
 // endpoints queued requests, the next one is answered 429 with the JSON
 // details of SPEC §5 and the x-laneway-reason header.
 func TestQueueLimit429(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, eppOptions{endpoints: addrs(bs), policy: writePolicy(t, busyPolicy)})
-	c := p.client(t, extprocclient.Options{})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	c := p.Client(t, extprocclient.Options{})
 
 	big := mustStart(t, c, spec(tokens(500, 1)))
 	mustRoute(t, big)
@@ -203,7 +204,7 @@ func TestQueueLimit429(t *testing.T) {
 	released := make(chan started, 8)
 	for i := 0; i < 8; i++ {
 		startInto(ctx, c, "queued", spec(tokens(20, 10+i)), released)
-		p.waitMetric(t, float64(i+1), "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+		p.Metrics.Await(t, float64(i+1), "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
 	}
 
 	over := mustStart(t, c, spec(tokens(20, 99)))
@@ -227,7 +228,7 @@ func TestQueueLimit429(t *testing.T) {
 	if ct := ir.Headers.Get("content-type"); ct != "application/json" {
 		t.Errorf("429 content-type %q", ct)
 	}
-	if n := p.metric(t, "dynamo_frontend_router_queue_backpressure_total", "policy_class", "standard", "reason", "queue_limit_requests"); n != 1 {
+	if n := p.Metrics.Value(t, "dynamo_frontend_router_queue_backpressure_total", "policy_class", "standard", "reason", "queue_limit_requests"); n != 1 {
 		t.Errorf("backpressure counter = %v, want 1", n)
 	}
 
@@ -241,24 +242,24 @@ func TestQueueLimit429(t *testing.T) {
 		holder = next.ex
 	}
 	completeStream(t, holder)
-	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests")
+	p.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests")
 }
 
 // TestQueuedReleasedAtFirstByte: a request queued behind a busy endpoint is
 // dispatched when that endpoint's first response body byte passes — not at
 // the response headers, and without waiting for the stream to end.
 func TestQueuedReleasedAtFirstByte(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
 	a := bs[0].addr
-	p := startEPP(t, eppOptions{endpoints: addrs(bs), policy: writePolicy(t, busyPolicy)})
-	c := p.client(t, extprocclient.Options{})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	c := p.Client(t, extprocclient.Options{})
 
 	big := mustStart(t, c, spec(tokens(500, 1)))
 	mustRoute(t, big)
 	ctx := testCtx(t)
 	queued := startAsync(ctx, c, "queued", spec(tokens(50, 2)))
-	p.waitMetric(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+	p.Metrics.Await(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
 
 	var events []string
 	if _, err := big.SendResponseHeaders(http.StatusOK, http.Header{"content-type": {"text/event-stream"}}, false, a); err != nil {
@@ -267,10 +268,10 @@ func TestQueuedReleasedAtFirstByte(t *testing.T) {
 	events = append(events, "headers")
 	// The headers were answered, so the picker has seen them; a scrape is
 	// served by the same loop after any release they caused.
-	if n := p.metric(t, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); n != 1 {
+	if n := p.Metrics.Value(t, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard"); n != 1 {
 		t.Fatalf("response headers released the queued request (pending %v)", n)
 	}
-	if ap := p.metric(t, "laneway_endpoint_active_prefill_tokens", "endpoint", a); ap != 500 {
+	if ap := p.Metrics.Value(t, "laneway_endpoint_active_prefill_tokens", "endpoint", a); ap != 500 {
 		t.Fatalf("active prefill after headers = %v, want 500", ap)
 	}
 	if _, err := big.SendResponseBody([]byte("data: {\"choices\":[]}\n\n"), false); err != nil {
@@ -286,29 +287,29 @@ func TestQueuedReleasedAtFirstByte(t *testing.T) {
 	if want := []string{"headers", "first byte", "queued dispatched", "busy stream ended"}; !slices.Equal(events, want) {
 		t.Errorf("events %v, want %v", events, want)
 	}
-	if ap := p.metric(t, "laneway_endpoint_active_prefill_tokens", "endpoint", a); ap != 50 {
+	if ap := p.Metrics.Value(t, "laneway_endpoint_active_prefill_tokens", "endpoint", a); ap != 50 {
 		t.Errorf("active prefill = %v, want only the released request's 50", ap)
 	}
 	completeStream(t, s.ex)
-	p.waitMetric(t, 0, "laneway_endpoint_active_prefill_tokens", "endpoint", a)
+	p.Metrics.Await(t, 0, "laneway_endpoint_active_prefill_tokens", "endpoint", a)
 }
 
 // TestCancelWhileQueued: a client that goes away while queued leaves the
 // queue at once and is never dispatched; the endpoint's accounting is
 // unchanged and the next request is served normally.
 func TestCancelWhileQueued(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
 	a := bs[0].addr
-	p := startEPP(t, eppOptions{endpoints: addrs(bs), policy: writePolicy(t, busyPolicy)})
-	c := p.client(t, extprocclient.Options{})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	c := p.Client(t, extprocclient.Options{})
 
 	big := mustStart(t, c, spec(tokens(500, 1)))
 	mustRoute(t, big)
 	ctx, cancel := context.WithCancel(context.Background())
 	gone := startAsync(ctx, c, "goes away", spec(tokens(50, 2)))
-	p.waitMetric(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
-	if n := p.metric(t, "laneway_endpoint_in_flight_requests", "endpoint", a); n != 1 {
+	p.Metrics.Await(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+	if n := p.Metrics.Value(t, "laneway_endpoint_in_flight_requests", "endpoint", a); n != 1 {
 		t.Fatalf("in flight before cancel = %v, want 1", n)
 	}
 
@@ -317,24 +318,24 @@ func TestCancelWhileQueued(t *testing.T) {
 		s.ex.Close()
 		t.Fatal("cancelled request got an answer")
 	}
-	p.waitMetric(t, 0, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
-	p.waitMetric(t, 1, "laneway_rejections_total", "policy_class", "standard", "reason", "cancelled")
-	fams := p.scrape(t)
-	if n, _ := metricSum(fams, "laneway_endpoint_in_flight_requests", "endpoint", a); n != 1 {
+	p.Metrics.Await(t, 0, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+	p.Metrics.Await(t, 1, "laneway_rejections_total", "policy_class", "standard", "reason", "cancelled")
+	m := p.Metrics.Read(t)
+	if n, _ := m.Sum("laneway_endpoint_in_flight_requests", "endpoint", a); n != 1 {
 		t.Errorf("in flight after cancel = %v, want only the busy request", n)
 	}
-	if n, _ := metricSum(fams, "laneway_endpoint_active_prefill_tokens", "endpoint", a); n != 500 {
+	if n, _ := m.Sum("laneway_endpoint_active_prefill_tokens", "endpoint", a); n != 500 {
 		t.Errorf("active prefill after cancel = %v, want 500", n)
 	}
 
 	// Releasing the endpoint dispatches nothing: the queue is empty.
 	completeStream(t, big)
-	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", a)
-	fams = p.scrape(t)
-	if n, _ := metricSum(fams, "laneway_dispatches_total", "queued", "true"); n != 0 {
+	p.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", a)
+	m = p.Metrics.Read(t)
+	if n, _ := m.Sum("laneway_dispatches_total", "queued", "true"); n != 0 {
 		t.Errorf("queued dispatches = %v, want 0: the cancelled request was dispatched", n)
 	}
-	if n, _ := metricSum(fams, "laneway_endpoint_active_prefill_tokens", "endpoint", a); n != 0 {
+	if n, _ := m.Sum("laneway_endpoint_active_prefill_tokens", "endpoint", a); n != 0 {
 		t.Errorf("active prefill = %v, want 0", n)
 	}
 
@@ -343,23 +344,23 @@ func TestCancelWhileQueued(t *testing.T) {
 		t.Fatalf("next request went to %s", got)
 	}
 	completeStream(t, next)
-	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", a)
+	p.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", a)
 }
 
 // TestResetAfterPickReleases: a gateway that resets a routed stream before
 // any response (client gone, upstream failure) releases the endpoint's
 // accounting, and the request queued behind it is dispatched.
 func TestResetAfterPickReleases(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
 	a := bs[0].addr
-	p := startEPP(t, eppOptions{endpoints: addrs(bs), policy: writePolicy(t, busyPolicy)})
-	c := p.client(t, extprocclient.Options{})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	c := p.Client(t, extprocclient.Options{})
 
 	big := mustStart(t, c, spec(tokens(500, 1)))
 	mustRoute(t, big)
 	queued := startAsync(testCtx(t), c, "queued", spec(tokens(50, 2)))
-	p.waitMetric(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+	p.Metrics.Await(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
 
 	if err := big.Close(); err != nil { // no response yet: the stream is reset
 		t.Fatal(err)
@@ -367,25 +368,25 @@ func TestResetAfterPickReleases(t *testing.T) {
 	s := await(t, queued)
 	defer s.ex.Close()
 	mustRoute(t, s.ex)
-	fams := p.scrape(t)
-	if n, _ := metricSum(fams, "laneway_endpoint_in_flight_requests", "endpoint", a); n != 1 {
+	m := p.Metrics.Read(t)
+	if n, _ := m.Sum("laneway_endpoint_in_flight_requests", "endpoint", a); n != 1 {
 		t.Errorf("in flight = %v, want only the released request", n)
 	}
-	if n, _ := metricSum(fams, "laneway_endpoint_active_prefill_tokens", "endpoint", a); n != 50 {
+	if n, _ := m.Sum("laneway_endpoint_active_prefill_tokens", "endpoint", a); n != 50 {
 		t.Errorf("active prefill = %v, want the released request's 50", n)
 	}
 	completeStream(t, s.ex)
-	p.waitMetric(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", a)
-	p.waitMetric(t, 0, "laneway_endpoint_active_prefill_tokens", "endpoint", a)
+	p.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", a)
+	p.Metrics.Await(t, 0, "laneway_endpoint_active_prefill_tokens", "endpoint", a)
 }
 
 // TestMalformedBody400: a body the picker cannot read is answered 400
 // with reason malformed_body, and nothing is charged.
 func TestMalformedBody400(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, eppOptions{endpoints: addrs(bs)})
-	c := p.client(t, extprocclient.Options{})
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs)})
+	c := p.Client(t, extprocclient.Options{})
 	cases := []struct {
 		name string
 		body string
@@ -410,7 +411,7 @@ func TestMalformedBody400(t *testing.T) {
 			}
 		})
 	}
-	if n := p.metric(t, "laneway_endpoint_in_flight_requests"); n != 0 {
+	if n := p.Metrics.Value(t, "laneway_endpoint_in_flight_requests"); n != 0 {
 		t.Errorf("in flight after 400s = %v", n)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/internal/workload"
 )
 
@@ -104,13 +105,13 @@ func analyse(order []string) shareStats {
 func runWeightedShare(t *testing.T, premiumQ, regularQ int) []string {
 	t.Helper()
 	bs := startBackends(t, 1)
-	p := startEPP(t, eppOptions{
-		endpoints: addrs(bs),
-		policy:    writePolicy(t, workload.PolicyYAML(uint64(premiumQ), uint64(regularQ))),
-		args:      []string{"--max-num-batched-tokens=8192"},
+	p := startEPP(t, launch.PickerOptions{
+		Endpoints: addrs(bs),
+		Policy:    writePolicy(t, workload.PolicyYAML(uint64(premiumQ), uint64(regularQ))),
+		Args:      []string{"--max-num-batched-tokens=8192"},
 	})
 	// Two connections, as a gateway with two workers would hold.
-	clients := []*extprocclient.Client{p.client(t, extprocclient.Options{}), p.client(t, extprocclient.Options{})}
+	clients := []*extprocclient.Client{p.Client(t, extprocclient.Options{}), p.Client(t, extprocclient.Options{})}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	slots := &fifoSlots{free: serverSlots}
@@ -182,13 +183,13 @@ func runWeightedShare(t *testing.T, premiumQ, regularQ int) []string {
 	// 512 crosses the 1536 threshold only with the 4th) and queues the rest.
 	want := float64(2*perClass - serverSlots)
 	var pending float64
-	waitFor(t, func() bool {
-		pending = p.metric(t, "dynamo_frontend_router_queue_pending_requests")
+	launch.WaitFor(t, func() string { return fmt.Sprintf("queued %v, want %v", pending, want) }, func() bool {
+		pending = p.Metrics.Value(t, "dynamo_frontend_router_queue_pending_requests")
 		mu.Lock()
 		failed := len(fails) > 0
 		mu.Unlock()
 		return pending == want || failed
-	}, func() string { return fmt.Sprintf("queued %v, want %v", pending, want) })
+	})
 	close(gate)
 	wg.Wait()
 	mu.Lock()
@@ -199,7 +200,7 @@ func runWeightedShare(t *testing.T, premiumQ, regularQ int) []string {
 	if len(order) != 2*perClass {
 		t.Fatalf("%d completions, want %d", len(order), 2*perClass)
 	}
-	if n := p.metric(t, "dynamo_frontend_router_queue_backpressure_total"); n != 0 {
+	if n := p.Metrics.Value(t, "dynamo_frontend_router_queue_backpressure_total"); n != 0 {
 		t.Errorf("backpressure counter = %v, want no 429/503", n)
 	}
 	return append([]string(nil), order...)
@@ -208,7 +209,7 @@ func runWeightedShare(t *testing.T, premiumQ, regularQ int) []string {
 // TestWeightedShare is SPEC §11's weighted-share acceptance workload with
 // quanta 512:128 (about 4:1) and 512:512 (about 1:1).
 func TestWeightedShare(t *testing.T) {
-	checkGoroutines(t)
+	launch.CheckGoroutines(t)
 	t.Run("512:128", func(t *testing.T) {
 		s := analyse(runWeightedShare(t, 512, 128))
 		t.Logf("quanta 512:128: first 320 completions premium %d regular %d; regular left at premium drain %d; "+

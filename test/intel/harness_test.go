@@ -4,239 +4,56 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/laneway-dev/laneway/internal/gateway"
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/internal/modelsim"
-	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
-// Bounds of the harness's waits: failure guards for events that should
-// come much sooner, not performance assertions.
-const (
-	readyTimeout = 30 * time.Second
-	eventTimeout = 30 * time.Second
-	pollEvery    = 10 * time.Millisecond
-)
-
-// proc is a running subprocess; cleanup stops it with SIGTERM and checks a
-// clean exit.
-type proc struct {
-	*testproc.Proc
-	logs *testproc.Log
-}
-
-func startProc(t *testing.T, name, bin string, args ...string) *proc {
-	t.Helper()
-	tp, err := testproc.Start(testproc.Options{Name: name, Bin: bin, Args: args})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{Proc: tp, logs: tp.Log}
-	t.Cleanup(func() {
-		// Not stopping within 20 s ends it with SIGQUIT, so the log shows
-		// where it hung.
-		if err := p.Stop(20 * time.Second); err != nil {
-			t.Errorf("%s shutdown: %v", name, err)
-		}
-		if t.Failed() {
-			t.Logf("%s log:\n%s", name, p.logs.Tail(32<<10))
-		}
-	})
-	return p
-}
-
-// tail is the last n bytes of a log.
-func tail(s string, n int) string { return testproc.Tail(s, n) }
-
-// freePort returns a port free on ip a moment ago.
-func freePort(t *testing.T, ip string) int {
-	t.Helper()
-	port, err := testproc.FreePort(ip)
-	if err != nil {
-		t.Skipf("loopback address %s not usable here: %v", ip, err)
-	}
-	return port
-}
-
-// waitFor polls cond until it holds, for states that raise no event.
-func waitFor(t *testing.T, what func() string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(eventTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s: %s", eventTimeout, what())
-		}
-		time.Sleep(pollEvery)
-	}
-}
-
+// httpClient bounds a request of the tests: a completion may wait in the
+// picker's queue for a while, but never this long.
 var httpClient = &http.Client{Timeout: 60 * time.Second}
 
-// sim is a cmd/modelsim process.
-type sim struct {
-	*proc
-	addr string
-}
-
-// startSim starts a simulator on ip with extra flags and waits until its
-// /health answers.
-func startSim(t *testing.T, ip string, args ...string) *sim {
+// startSim runs a simulator on ip with extra flags for the test.
+func startSim(t *testing.T, ip string, args ...string) *launch.Sim {
 	t.Helper()
-	addr := net.JoinHostPort(ip, strconv.Itoa(freePort(t, ip)))
-	host, port, _ := net.SplitHostPort(addr)
-	s := &sim{addr: addr}
-	s.proc = startProc(t, "modelsim "+addr, simBinary, append([]string{"--host=" + host, "--port=" + port}, args...)...)
-	if err := testproc.WaitFor(context.Background(), s.Proc, "modelsim "+addr, readyTimeout, testproc.HTTPOK("http://"+addr+"/health")); err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return bins.RunSim(t, launch.SimOptions{Host: ip, Args: args})
 }
 
 // records returns the simulator's finished requests, oldest first.
-func (s *sim) records(t *testing.T) []modelsim.Record {
+func records(t *testing.T, s *launch.Sim) []modelsim.Record {
 	t.Helper()
-	resp, err := httpClient.Get("http://" + s.addr + "/debug/requests")
+	resp, err := httpClient.Get(s.URL + "/debug/requests")
 	if err != nil {
-		t.Fatalf("debug records of %s: %v", s.addr, err)
+		t.Fatalf("debug records of %s: %v", s.Addr, err)
 	}
 	defer resp.Body.Close()
 	var d modelsim.DebugRequests
 	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
-		t.Fatalf("decode debug records of %s: %v", s.addr, err)
+		t.Fatalf("decode debug records of %s: %v", s.Addr, err)
 	}
 	return d.Records
 }
 
-// epp is a running picker.
-type epp struct {
-	*proc
-	grpcAddr, healthAddr, metricsAddr string
-}
-
-// startEPP starts the picker on free 127.0.0.1 ports, plaintext, and waits
-// for its readiness service.
-func startEPP(t *testing.T, endpoints []string, args ...string) *epp {
+// startEPP runs the picker for the test, plaintext, with a short drain.
+func startEPP(t *testing.T, endpoints []string, args ...string) *launch.Picker {
 	t.Helper()
-	ports, err := testproc.FreePorts("127.0.0.1", 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &epp{
-		grpcAddr:    testproc.HostPort("127.0.0.1", ports[0]),
-		healthAddr:  testproc.HostPort("127.0.0.1", ports[1]),
-		metricsAddr: testproc.HostPort("127.0.0.1", ports[2]),
-	}
-	all := append([]string{
-		"--bind-address=127.0.0.1",
-		"--grpc-port=" + strconv.Itoa(ports[0]),
-		"--grpc-health-port=" + strconv.Itoa(ports[1]),
-		"--metrics-port=" + strconv.Itoa(ports[2]),
-		"--secure-serving=false",
-		"--drain-timeout=5s",
-		"--endpoints=" + strings.Join(endpoints, ","),
-	}, args...)
-	e.proc = startProc(t, "epp", eppBinary, all...)
-	if err := testproc.WaitGRPCServing(context.Background(), e.Proc, e.healthAddr, "readiness", nil, readyTimeout); err != nil {
-		t.Fatalf("epp not ready: %v\n%s", err, e.logs)
-	}
-	return e
+	return bins.RunPicker(t, launch.PickerOptions{Endpoints: endpoints, Args: append([]string{"--drain-timeout=5s"}, args...)})
 }
 
-// scrape reads a /metrics page.
-func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
+// startGateway runs the local gateway in front of the picker and returns
+// its base URL.
+func startGateway(t *testing.T, p *launch.Picker) string {
 	t.Helper()
-	resp, err := httpClient.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatalf("scrape %s: %v", addr, err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse metrics of %s: %v", addr, err)
-	}
-	return fams
-}
-
-// metricSum adds the series of name whose labels include the pairs
-// ("k1", "v1", ...); absent series read 0.
-func metricSum(fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
-	f, ok := fams[name]
-	if !ok {
-		return 0
-	}
-	sum := 0.0
-next:
-	for _, m := range f.GetMetric() {
-		for i := 0; i+1 < len(labels); i += 2 {
-			found := false
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-					found = true
-				}
-			}
-			if !found {
-				continue next
-			}
-		}
-		sum += m.GetGauge().GetValue() + m.GetCounter().GetValue() + m.GetUntyped().GetValue()
-	}
-	return sum
-}
-
-func (e *epp) metric(t *testing.T, name string, labels ...string) float64 {
-	t.Helper()
-	return metricSum(scrape(t, e.metricsAddr), name, labels...)
-}
-
-// waitMetric polls the picker's metrics (they raise no event) until the
-// value satisfies ok.
-func (e *epp) waitMetric(t *testing.T, what string, ok func(float64) bool, name string, labels ...string) float64 {
-	t.Helper()
-	var v float64
-	waitFor(t, func() string { return fmt.Sprintf("%s: %s%v = %v", what, name, labels, v) }, func() bool {
-		v = e.metric(t, name, labels...)
-		return ok(v)
-	})
-	return v
-}
-
-// startGateway runs the local gateway in process in front of the picker
-// and returns its base URL.
-func startGateway(t *testing.T, e *epp) string {
-	t.Helper()
-	conn, err := gateway.Dial(e.grpcAddr, gateway.DialOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := gateway.New(conn, gateway.Options{Timeout: 2 * time.Minute})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: g, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		srv.Close()
-		g.Close()
-		conn.Close()
-	})
-	return "http://" + ln.Addr().String()
+	return bins.RunGateway(t, launch.GatewayOptions{Picker: p, Timeout: 2 * time.Minute}).URL
 }
 
 // hints is nvext.agent_hints.
@@ -286,7 +103,7 @@ func post(ctx context.Context, base string, body []byte) answer {
 // mustPost posts and requires a 200.
 func mustPost(t *testing.T, base string, body []byte) answer {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
 	defer cancel()
 	a := post(ctx, base, body)
 	if a.err != nil || a.status != http.StatusOK {
@@ -307,8 +124,8 @@ func await(t *testing.T, ch <-chan answer) answer {
 	select {
 	case a := <-ch:
 		return a
-	case <-time.After(eventTimeout):
-		t.Fatalf("no answer within %s", eventTimeout)
+	case <-time.After(launch.EventTimeout):
+		t.Fatalf("no answer within %s", launch.EventTimeout)
 		return answer{}
 	}
 }
@@ -324,13 +141,13 @@ type metricsProxy struct {
 	hang chan struct{} // non-nil: /metrics blocks until closed
 }
 
-func startMetricsProxy(t *testing.T, ip string, target *sim) *metricsProxy {
+func startMetricsProxy(t *testing.T, ip string, target *launch.Sim) *metricsProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		t.Skipf("loopback address %s not usable here: %v", ip, err)
 	}
-	u, _ := url.Parse("http://" + target.addr)
+	u, _ := url.Parse(target.URL)
 	p := &metricsProxy{addr: ln.Addr().String(), rp: httputil.NewSingleHostReverseProxy(u)}
 	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = p.srv.Serve(ln) }()

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/internal/modelsim"
 )
 
@@ -55,23 +56,23 @@ func thresholdPolicy(t *testing.T, threshold int) string {
 // really finds that many tokens in its prefix cache. The picker's debug log
 // shows the numbers and never the prompt.
 func TestRepeatedPromptGoesHome(t *testing.T) {
-	var sims []*sim
+	var sims []*launch.Sim
 	var addrs []string
 	for i := range 3 {
 		s := startSim(t, fmt.Sprintf("127.0.0.%d", 51+i), "--prefill-tokens-per-sec=400000", "--time-per-output-token=2ms")
 		sims = append(sims, s)
-		addrs = append(addrs, s.addr)
+		addrs = append(addrs, s.Addr)
 	}
 	p := startEPP(t, addrs, "--scrape-interval=50ms", relaxedStaleness, "--v=4")
 	gw := startGateway(t, p)
 	for _, a := range addrs {
-		p.waitMetric(t, "metrics of "+a+" fresh", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", a)
+		p.Metrics.Await(t, 0, "laneway_endpoint_metrics_stale", "endpoint", a)
 	}
 
 	prompt := tokens(4000, 1)
 	first := mustPost(t, gw, completion(prompt, 4, nil))
 	home := first.endpoint
-	if got := p.metric(t, "laneway_routed_cached_tokens_total", "endpoint", home); got != 0 {
+	if got := p.Metrics.Value(t, "laneway_routed_cached_tokens_total", "endpoint", home); got != 0 {
 		t.Fatalf("first sight of the prompt: cached tokens %v on %s, want 0", got, home)
 	}
 	// Other traffic in between, some of it to other endpoints.
@@ -81,31 +82,31 @@ func TestRepeatedPromptGoesHome(t *testing.T) {
 	// A text prompt with a marker that must never reach the picker's log.
 	mustPost(t, gw, []byte(`{"model":"sim-model","prompt":"zyzzyva-marker `+strings.Repeat("lorem ipsum dolor sit amet ", 50)+`","max_tokens":2}`))
 
-	before := p.metric(t, "laneway_routed_cached_tokens_total", "endpoint", home)
+	before := p.Metrics.Value(t, "laneway_routed_cached_tokens_total", "endpoint", home)
 	again := mustPost(t, gw, completion(prompt, 4, nil))
 	if again.endpoint != home {
 		t.Fatalf("repeated prompt went to %s, want %s which served it before", again.endpoint, home)
 	}
 	// 4000 tokens: (4000-1)/16 = 249 full blocks can be served from cache.
 	const wantCached = 249 * 16
-	if got := p.metric(t, "laneway_routed_cached_tokens_total", "endpoint", home) - before; got != wantCached {
+	if got := p.Metrics.Value(t, "laneway_routed_cached_tokens_total", "endpoint", home) - before; got != wantCached {
 		t.Errorf("snapshot of the repeat: %v cached tokens, want %d", got, wantCached)
 	}
-	var homeSim *sim
+	var homeSim *launch.Sim
 	for _, s := range sims {
-		if s.addr == home {
+		if s.Addr == home {
 			homeSim = s
 		}
 	}
-	recs := homeSim.records(t)
+	recs := records(t, homeSim)
 	last := recs[len(recs)-1]
 	if last.PromptTokens != 4000 || last.CachedTokens != wantCached {
 		t.Errorf("engine record of the repeat: %d prompt tokens, %d cached; want 4000 and %d (the picker's prediction)",
 			last.PromptTokens, last.CachedTokens, wantCached)
 	}
-	logs := p.logs.String()
+	logs := p.Log.String()
 	if !strings.Contains(logs, fmt.Sprintf(`"cachedTokens"=%d`, wantCached)) && !strings.Contains(logs, fmt.Sprintf(`"cachedTokens":%d`, wantCached)) {
-		t.Errorf("debug log has no routed line with cachedTokens %d:\n%s", wantCached, tail(logs, 4000))
+		t.Errorf("debug log has no routed line with cachedTokens %d:\n%s", wantCached, launch.Tail(logs, 4000))
 	}
 	if strings.Contains(logs, "zyzzyva") || strings.Contains(logs, "lorem") {
 		t.Error("prompt text appears in the picker's log")
@@ -125,19 +126,19 @@ type ttftRun struct {
 // every request's time to first token from the simulators' records.
 func runSharedPrefixWorkload(t *testing.T, picker string, firstIP int) ttftRun {
 	t.Helper()
-	var sims []*sim
+	var sims []*launch.Sim
 	var addrs []string
 	for i := range 4 {
 		s := startSim(t, fmt.Sprintf("127.0.0.%d", firstIP+i),
 			"--prefill-tokens-per-sec=100000", "--time-per-output-token=2ms", "--max-num-seqs=8",
 			"--num-gpu-blocks=2048", "--max-model-len=4096")
 		sims = append(sims, s)
-		addrs = append(addrs, s.addr)
+		addrs = append(addrs, s.Addr)
 	}
 	p := startEPP(t, addrs, "--picker="+picker, "--scrape-interval=50ms", relaxedStaleness)
 	gw := startGateway(t, p)
 	for _, a := range addrs {
-		p.waitMetric(t, "metrics of "+a+" fresh", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", a)
+		p.Metrics.Await(t, 0, "laneway_endpoint_metrics_stale", "endpoint", a)
 	}
 
 	// 120 requests: 80% share one of 16 system prompts of 2048 tokens (plus
@@ -165,7 +166,7 @@ func runSharedPrefixWorkload(t *testing.T, picker string, firstIP int) ttftRun {
 	for range workers {
 		wg.Go(func() {
 			for b := range work {
-				ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+				ctx, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
 				a := post(ctx, gw, b)
 				cancel()
 				if a.err != nil || a.status != http.StatusOK {
@@ -182,7 +183,7 @@ func runSharedPrefixWorkload(t *testing.T, picker string, firstIP int) ttftRun {
 	var run ttftRun
 	var sum time.Duration
 	for _, s := range sims {
-		for _, r := range s.records(t) {
+		for _, r := range records(t, s) {
 			if r.Outcome != "length" || r.FirstToken.IsZero() {
 				t.Fatalf("%s run: record %+v did not finish", picker, r)
 			}
@@ -231,12 +232,12 @@ func TestHungMetricsMakesEndpointBusy(t *testing.T) {
 	const interval = 250 * time.Millisecond
 	p := startEPP(t, []string{px.addr}, "--policy-config="+thresholdPolicy(t, 1000), "--scrape-interval="+interval.String())
 	gw := startGateway(t, p)
-	p.waitMetric(t, "fresh metrics", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", px.addr)
+	p.Metrics.Await(t, 0, "laneway_endpoint_metrics_stale", "endpoint", px.addr)
 	mustPost(t, gw, completion(tokens(100, 1), 2, nil))
 
 	px.setHang(true)
 	hungAt := time.Now()
-	p.waitMetric(t, "stale after the page hung", func(v float64) bool { return v == 1 }, "laneway_endpoint_metrics_stale", "endpoint", px.addr)
+	p.Metrics.Await(t, 1, "laneway_endpoint_metrics_stale", "endpoint", px.addr)
 	took := time.Since(hungAt)
 	t.Logf("stale %v after /metrics started hanging (scrape interval %v, bound two intervals)", took.Round(time.Millisecond), interval)
 	// The bound is the staleness default, 2 intervals from the last good
@@ -245,12 +246,16 @@ func TestHungMetricsMakesEndpointBusy(t *testing.T) {
 	if took > 3*interval {
 		t.Errorf("stale only %v after the hang; the bound is two scrape intervals (%v)", took, 2*interval)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
 	defer cancel()
 	held := postAsync(ctx, gw, completion(tokens(100, 2), 2, nil))
-	p.waitMetric(t, "request held while stale", func(v float64) bool { return v == 1 }, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+	p.Metrics.Await(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
 	// The hung scrape times out (at the staleness bound) and counts.
-	p.waitMetric(t, "a failed scrape", func(v float64) bool { return v >= 1 }, "laneway_scrape_errors_total", "endpoint", px.addr)
+	var scrapeErrors float64
+	launch.WaitFor(t, func() string { return fmt.Sprintf("a failed scrape: laneway_scrape_errors_total = %v", scrapeErrors) }, func() bool {
+		scrapeErrors = p.Metrics.Value(t, "laneway_scrape_errors_total", "endpoint", px.addr)
+		return scrapeErrors >= 1
+	})
 	select {
 	case a := <-held:
 		t.Fatalf("request answered while the endpoint's metrics were stale: %d %s", a.status, a.body)
@@ -261,7 +266,7 @@ func TestHungMetricsMakesEndpointBusy(t *testing.T) {
 	if a := await(t, held); a.err != nil || a.status != http.StatusOK || a.endpoint != px.addr {
 		t.Fatalf("held request after recovery: status %d, endpoint %s, err %v: %s", a.status, a.endpoint, a.err, a.body)
 	}
-	if v := p.metric(t, "laneway_endpoint_metrics_stale", "endpoint", px.addr); v != 0 {
+	if v := p.Metrics.Value(t, "laneway_endpoint_metrics_stale", "endpoint", px.addr); v != 0 {
 		t.Errorf("stale gauge %v after recovery, want 0", v)
 	}
 }
@@ -272,23 +277,23 @@ func TestHungMetricsMakesEndpointBusy(t *testing.T) {
 // its own requests until the queue is gone.
 func TestUnseenLoadHoldsRequests(t *testing.T) {
 	s := startSim(t, "127.0.0.91", "--max-num-seqs=1", "--time-per-output-token=10ms")
-	p := startEPP(t, []string{s.addr}, "--policy-config="+thresholdPolicy(t, 1536), "--scrape-interval=50ms", relaxedStaleness)
+	p := startEPP(t, []string{s.Addr}, "--policy-config="+thresholdPolicy(t, 1536), "--scrape-interval=50ms", relaxedStaleness)
 	gw := startGateway(t, p)
-	p.waitMetric(t, "fresh metrics", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", s.addr)
+	p.Metrics.Await(t, 0, "laneway_endpoint_metrics_stale", "endpoint", s.Addr)
 
 	// One request runs for seconds, three wait behind it (one slot).
 	direct, stopDirect := context.WithCancel(context.Background())
 	defer stopDirect()
 	var directAnswers []<-chan answer
 	for i := range 4 {
-		directAnswers = append(directAnswers, postAsync(direct, "http://"+s.addr, completion(tokens(200, uint64(10+i)), 2000, nil)))
+		directAnswers = append(directAnswers, postAsync(direct, "http://"+s.Addr, completion(tokens(200, uint64(10+i)), 2000, nil)))
 	}
-	p.waitMetric(t, "unseen waiting requests", func(v float64) bool { return v == 3 }, "laneway_endpoint_unseen_waiting_requests", "endpoint", s.addr)
+	p.Metrics.Await(t, 3, "laneway_endpoint_unseen_waiting_requests", "endpoint", s.Addr)
 
-	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
 	defer cancel()
 	held := postAsync(ctx, gw, completion(tokens(100, 1), 1, nil))
-	p.waitMetric(t, "request held behind unseen load", func(v float64) bool { return v == 1 }, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+	p.Metrics.Await(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
 	select {
 	case a := <-held:
 		t.Fatalf("request answered while the engine's queue held 3 strangers: %d %s", a.status, a.body)
@@ -313,16 +318,14 @@ func TestUnseenLoadHoldsRequests(t *testing.T) {
 // request first; strict_priority is never forwarded.
 func TestPriorityForwardedToEngine(t *testing.T) {
 	s := startSim(t, "127.0.0.101", "--scheduling-policy=priority", "--max-num-seqs=1", "--time-per-output-token=10ms")
-	p := startEPP(t, []string{s.addr}, "--forward-priority", "--scrape-interval=50ms", relaxedStaleness)
+	p := startEPP(t, []string{s.Addr}, "--forward-priority", "--scrape-interval=50ms", relaxedStaleness)
 	gw := startGateway(t, p)
-	p.waitMetric(t, "fresh metrics", func(v float64) bool { return v == 0 }, "laneway_endpoint_metrics_stale", "endpoint", s.addr)
-	simGauge := func(name string) float64 { return metricSum(scrape(t, s.addr), name) }
+	p.Metrics.Await(t, 0, "laneway_endpoint_metrics_stale", "endpoint", s.Addr)
 	waitSim := func(name string, want float64) {
 		t.Helper()
-		waitFor(t, func() string { return fmt.Sprintf("%s = %v, want %v", name, simGauge(name), want) },
-			func() bool { return simGauge(name) == want })
+		s.Metrics.Await(t, want, name)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
 	defer cancel()
 	p1, p10 := int32(1), int32(10)
 	strict := uint32(5)
@@ -341,7 +344,7 @@ func TestPriorityForwardedToEngine(t *testing.T) {
 		}
 	}
 	byLen := map[int]modelsim.Record{}
-	for _, r := range s.records(t) {
+	for _, r := range records(t, s) {
 		byLen[r.PromptTokens] = r
 	}
 	cases := []struct {

@@ -1,26 +1,15 @@
 package intel
 
 import (
-	"flag"
-	"fmt"
-	"os"
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/testproc"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
-// Binaries built once by TestMain.
-var eppBinary, simBinary string
+// bins holds the picker, the simulator and the gateway, built once by
+// TestMain.
+var bins launch.Binaries
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	bins, cleanup, err := testproc.BuildAll("laneway-intel-", false, "./cmd/epp", "./cmd/modelsim")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "intel:", err)
-		os.Exit(1)
-	}
-	eppBinary, simBinary = bins[0], bins[1]
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
+	launch.BuildAndRun(m, &bins, "laneway-intel", false, launch.CmdEpp, launch.CmdModelsim, launch.CmdGateway)
 }

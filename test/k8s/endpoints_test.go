@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/laneway-dev/laneway/internal/controller"
 	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 // followLimit is the brief's bound for the picker to follow a pod change
@@ -67,7 +69,10 @@ func TestEndpointsFollowPods(t *testing.T) {
 			pl.Spec.Selector.MatchLabels = map[inferencev1.LabelKey]inferencev1.LabelValue{"app": "llm"}
 		})
 	}, b.addr(e.port), c.addr(e.port))
-	second := freePort(t)
+	second, err := launch.FreePort("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	step("pool gains a second target port", func() {
 		e.updatePool("pool", func(pl *inferencev1.InferencePool) {
 			pl.Spec.TargetPorts = append(pl.Spec.TargetPorts, inferencev1.Port{Number: inferencev1.PortNumber(second)})
@@ -156,29 +161,19 @@ func TestTaintedEndpoints(t *testing.T) {
 		t.Fatalf("pod b should be terminating: %v %v", err, held.DeletionTimestamp)
 	}
 	// The taint is not visible in the endpoint set; unpinned picks show it.
-	deadline := time.Now().Add(followLimit)
-	for {
-		got := pickedUnpinned(4)
-		if got[b.addr(e.port)] == 0 && got[c.addr(e.port)] == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("unpinned picks %v still include the terminating pod b after %v", got, followLimit)
-		}
-	}
+	var got map[string]int
+	launch.WaitWithin(t, followLimit, func() string { return fmt.Sprintf("unpinned picks %v still include the terminating pod b", got) }, func() bool {
+		got = pickedUnpinned(4)
+		return got[b.addr(e.port)] == 0 && got[c.addr(e.port)] == 0
+	})
 	pinned(b.addr(e.port))
 
 	// Untainting c brings it back into unpinned picks.
 	e.updatePod("c", false, func(p *corev1.Pod) { delete(p.Annotations, controller.AnnotationTaint) })
-	deadline = time.Now().Add(followLimit)
-	for {
-		if got := pickedUnpinned(4); got[c.addr(e.port)] > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod c not picked within %v of removing its taint", followLimit)
-		}
-	}
+	launch.WaitWithin(t, followLimit, func() string { return fmt.Sprintf("pod c not picked after removing its taint: %v", got) }, func() bool {
+		got = pickedUnpinned(4)
+		return got[c.addr(e.port)] > 0
+	})
 
 	// The finalizer goes, the pod goes, and so does its endpoint: a pinned
 	// request now gets 503.
@@ -221,7 +216,7 @@ func TestMaxBatchedTokensAnnotation(t *testing.T) {
 	first = p.start(ctx(t), request("", small.addr(e.port)))
 	routed(t, first)
 	done := startAsync(p, request("", small.addr(e.port)))
-	p.waitMetric(1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "frac")
+	p.Metrics.Await(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "frac")
 	select {
 	case r := <-done:
 		t.Fatalf("second request to the 10-token pod was not held: %+v", r)

@@ -3,31 +3,23 @@ package k8s
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
@@ -38,18 +30,13 @@ import (
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
 	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/internal/testenv"
-	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
-// Bounds of the harness's waits: failure guards for events that should
-// come much sooner, not performance assertions (those are named where a
-// test makes one).
-const (
-	readyTimeout = 30 * time.Second
-	eventTimeout = 20 * time.Second
-	pollEvery    = 5 * time.Millisecond
-)
+// stopGrace is how long a picker may drain after SIGTERM (its
+// --drain-timeout is 5 s) before it counts as stuck.
+const stopGrace = 15 * time.Second
 
 // classHeader is Laneway's own policy-class request header (SPEC §6).
 const classHeader = "x-laneway-policy-class"
@@ -68,7 +55,11 @@ type env struct {
 func newEnv(t *testing.T, noRole bool) *env {
 	t.Helper()
 	requireEnv(t)
-	e := &env{t: t, ns: "lw-" + rand.String(6), port: freePort(t)}
+	port, err := launch.FreePort("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, ns: "lw-" + rand.String(6), port: port}
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}}
 	if err := admin.Create(ctx(t), ns); err != nil {
 		t.Fatalf("create namespace: %v", err)
@@ -160,15 +151,6 @@ var nextIP atomic.Int32
 func newIP() string {
 	n := nextIP.Add(1)
 	return fmt.Sprintf("127.86.%d.%d", n/250, n%250+1)
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	port, err := testproc.FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return port
 }
 
 // pod is a model-server pod of the test: its object and the real HTTP
@@ -285,125 +267,44 @@ func startBackend(t *testing.T, addr string) {
 
 // ctx is a bounded context for one API call or wait of the test.
 func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	c, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
 	t.Cleanup(cancel)
 	return c
 }
 
-// eppProc is a running picker process.
+// eppProc is a running picker process with the connections the tests
+// use.
 type eppProc struct {
-	t                     *testing.T
-	name                  string
-	grpc, health, metrics string
-	proc                  *testproc.Proc
-	cmd                   *exec.Cmd
-	logs                  eppLog
-	exited                <-chan struct{}
-	conn, healthConn      *grpc.ClientConn
-	client                *extprocclient.Client
-	killed                bool
-	mayFail               bool // a non-zero exit is what the test expects
-	stopOnce              sync.Once
-	stopErr               error
+	*launch.Picker
+	t          *testing.T
+	healthConn *grpc.ClientConn
+	client     *extprocclient.Client
 }
 
-// eppLog is the picker's output as the tests read it: failure messages
-// show its last 64 KiB, and await signals the lines a test waits for.
-type eppLog struct{ *testproc.Log }
-
-func (l eppLog) String() string { return l.Tail(64 << 10) }
-
-// await returns a channel that receives the first line containing substr,
-// one already logged or a later one.
-func (l eppLog) await(substr string) <-chan string { return l.Await(substr) }
-
 // startEPP starts the picker in Kubernetes mode for pool, on ports chosen
-// by the kernel, and returns once it logged its addresses (not yet ready:
-// see waitReadiness). At cleanup a live picker gets SIGTERM and must exit
-// 0; on failure its log goes to the test log.
+// by the kernel, and returns once it listens (not yet ready: see
+// waitReady). At cleanup a live picker gets SIGTERM and must exit 0.
 func (e *env) startEPP(name, pool string, args ...string) *eppProc {
 	e.t.Helper()
-	all := append([]string{
-		"--pool-name=" + pool,
-		"--pool-namespace=" + e.ns,
-		"--kubeconfig=" + e.kubeconfig,
-		"--bind-address=127.0.0.1",
-		"--grpc-port=0", "--grpc-health-port=0", "--metrics-port=0",
-		"--secure-serving=false",
-		"--drain-timeout=5s",
-		"--status-interval=200ms",
-		// The pods' addresses serve no model-server /metrics here: with
-		// scraping on every pod would stay busy (unknown load).
-		"--scrape-metrics=false",
-	}, args...)
 	// Only the kubeconfig flag may say where the API server is.
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		return strings.HasPrefix(kv, "KUBECONFIG=") || strings.HasPrefix(kv, "POD_NAMESPACE=") || strings.HasPrefix(kv, "KUBERNETES_SERVICE_")
 	})
-	tp, err := testproc.Start(testproc.Options{Name: name, Bin: eppBinary, Args: all, Env: env, LogLimit: 4 << 20})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	p := &eppProc{t: e.t, name: name, proc: tp, cmd: tp.Cmd, logs: eppLog{tp.Log}, exited: tp.Done()}
-	serving := p.logs.await("endpoint picker serving")
-	e.t.Cleanup(func() {
-		if err := p.stop(); err != nil {
-			e.t.Errorf("%s shutdown: %v", name, err)
-		}
-		if e.t.Failed() {
-			e.t.Logf("%s log:\n%s", name, p.logs)
-		}
+	p := bins.RunPicker(e.t, launch.PickerOptions{
+		SkipReady: true,
+		Args: append([]string{
+			"--pool-name=" + pool,
+			"--pool-namespace=" + e.ns,
+			"--kubeconfig=" + e.kubeconfig,
+			"--drain-timeout=5s",
+			"--status-interval=200ms",
+			// The pods' addresses serve no model-server /metrics here: with
+			// scraping on every pod would stay busy (unknown load).
+			"--scrape-metrics=false",
+		}, args...),
+		Proc: launch.ProcOptions{Name: name, Env: env, StopGrace: stopGrace},
 	})
-	select {
-	case l := <-serving:
-		var fields struct{ GRPC, Health, Metrics string }
-		if err := json.Unmarshal([]byte(l), &fields); err != nil || fields.GRPC == "" {
-			e.t.Fatalf("%s: cannot read addresses from log line %q: %v", name, l, err)
-		}
-		p.grpc, p.health, p.metrics = fields.GRPC, fields.Health, fields.Metrics
-	case <-p.exited:
-		e.t.Fatalf("%s exited before serving: %v\n%s", name, p.cmd.ProcessState, p.logs)
-	case <-time.After(readyTimeout):
-		e.t.Fatalf("%s did not start within %s\n%s", name, readyTimeout, p.logs)
-	}
-	p.conn = dial(e.t, p.grpc)
-	p.healthConn = dial(e.t, p.health)
-	p.client = extprocclient.New(p.conn, extprocclient.Options{})
-	return p
-}
-
-func dial(t *testing.T, addr string) *grpc.ClientConn {
-	t.Helper()
-	conn, err := testproc.Dial(addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
-}
-
-// stop sends SIGTERM and requires exit status 0 within 15 s (a killed
-// picker only gets reaped; one with mayFail may exit non-zero).
-func (p *eppProc) stop() error {
-	p.stopOnce.Do(func() {
-		if p.killed {
-			<-p.exited
-			return
-		}
-		err := p.proc.Stop(15 * time.Second)
-		var ee *exec.ExitError
-		if p.mayFail && errors.As(err, &ee) {
-			err = nil
-		}
-		p.stopErr = err
-	})
-	return p.stopErr
-}
-
-// kill sends SIGKILL: no drain, no Lease release.
-func (p *eppProc) kill() {
-	p.killed = true
-	p.proc.Kill()
+	return &eppProc{Picker: p, t: e.t, healthConn: p.HealthConn(e.t), client: p.Client(e.t, extprocclient.Options{})}
 }
 
 // watchReadiness streams the readiness health status into the returned
@@ -414,7 +315,7 @@ func (p *eppProc) watchReadiness() <-chan healthpb.HealthCheckResponse_ServingSt
 	p.t.Cleanup(cancel)
 	stream, err := healthpb.NewHealthClient(p.healthConn).Watch(c, &healthpb.HealthCheckRequest{Service: "readiness"}, grpc.WaitForReady(true))
 	if err != nil {
-		p.t.Fatalf("%s: watch readiness: %v", p.name, err)
+		p.t.Fatalf("%s: watch readiness: %v", p.Name, err)
 	}
 	go func() {
 		defer close(ch)
@@ -438,14 +339,14 @@ func (p *eppProc) waitStatus(ch <-chan healthpb.HealthCheckResponse_ServingStatu
 		select {
 		case st, ok := <-ch:
 			if !ok {
-				p.t.Fatalf("%s: readiness stream ended at %v, waiting for %v\n%s", p.name, last, want, p.logs)
+				p.t.Fatalf("%s: readiness stream ended at %v, waiting for %v\n%s", p.Name, last, want, p.Log.Tail(64<<10))
 			}
 			last = st
 			if st == want {
 				return time.Now()
 			}
 		case <-deadline:
-			p.t.Fatalf("%s: readiness %v, not %v, after %s\n%s", p.name, last, want, limit, p.logs)
+			p.t.Fatalf("%s: readiness %v, not %v, after %s\n%s", p.Name, last, want, limit, p.Log.Tail(64<<10))
 		}
 	}
 }
@@ -453,7 +354,7 @@ func (p *eppProc) waitStatus(ch <-chan healthpb.HealthCheckResponse_ServingStatu
 // waitReady waits for readiness SERVING.
 func (p *eppProc) waitReady() {
 	p.t.Helper()
-	p.waitStatus(p.watchReadiness(), healthpb.HealthCheckResponse_SERVING, readyTimeout)
+	p.waitStatus(p.watchReadiness(), healthpb.HealthCheckResponse_SERVING, launch.DefaultReadyTimeout)
 }
 
 // request builds a completion request, optionally with a class and a
@@ -478,7 +379,7 @@ func (p *eppProc) start(c context.Context, spec extprocclient.RequestSpec) *extp
 	p.t.Helper()
 	ex, err := p.client.Start(c, spec)
 	if err != nil {
-		p.t.Fatalf("%s: ext_proc exchange: %v", p.name, err)
+		p.t.Fatalf("%s: ext_proc exchange: %v", p.Name, err)
 	}
 	return ex
 }
@@ -519,66 +420,10 @@ func serve(t *testing.T, ex *extprocclient.Exchange) {
 	}
 }
 
-// scrape reads the picker's metrics.
-func (p *eppProc) scrape() map[string]*dto.MetricFamily {
-	p.t.Helper()
-	resp, err := http.Get("http://" + p.metrics + "/metrics")
-	if err != nil {
-		p.t.Fatalf("%s: scrape: %v", p.name, err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		p.t.Fatalf("%s: parse metrics: %v", p.name, err)
-	}
-	return fams
-}
-
-// metric sums the series of name whose labels include the given pairs.
-func (p *eppProc) metric(name string, labels ...string) float64 {
-	p.t.Helper()
-	f := p.scrape()[name]
-	if f == nil {
-		return 0
-	}
-	var sum float64
-	for _, m := range f.GetMetric() {
-		if hasLabels(m, labels) {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
-}
-
-func hasLabels(m *dto.Metric, pairs []string) bool {
-	for i := 0; i+1 < len(pairs); i += 2 {
-		ok := false
-		for _, l := range m.GetLabel() {
-			if l.GetName() == pairs[i] && l.GetValue() == pairs[i+1] {
-				ok = true
-			}
-		}
-		if !ok {
-			return false
-		}
-	}
-	return true
-}
-
 // endpoints is the picker's current endpoint set (one gauge series each).
 func (p *eppProc) endpoints() []string {
-	f := p.scrape()["laneway_endpoint_active_prefill_tokens"]
-	var out []string
-	for _, m := range f.GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "endpoint" {
-				out = append(out, l.GetValue())
-			}
-		}
-	}
-	slices.Sort(out)
-	return out
+	p.t.Helper()
+	return p.Metrics.Read(p.t).LabelValues("laneway_endpoint_active_prefill_tokens", "endpoint")
 }
 
 // waitEndpoints polls the metrics (the picker has no event to watch) until
@@ -586,31 +431,15 @@ func (p *eppProc) endpoints() []string {
 // test after limit.
 func (p *eppProc) waitEndpoints(since time.Time, limit time.Duration, want ...string) time.Duration {
 	p.t.Helper()
-	want = slices.Clone(want)
-	slices.Sort(want)
+	want = slices.Sorted(slices.Values(want))
 	var got []string
-	for deadline := since.Add(limit); ; {
-		got = p.endpoints()
-		if slices.Equal(got, want) {
-			return time.Since(since)
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("%s: endpoints %q after %s, want %q", p.name, got, limit, want)
-		}
-		time.Sleep(pollEvery)
-	}
-}
-
-// waitMetric polls until the metric equals want.
-func (p *eppProc) waitMetric(want float64, name string, labels ...string) {
-	p.t.Helper()
-	var got float64
-	for deadline := time.Now().Add(eventTimeout); time.Now().Before(deadline); time.Sleep(pollEvery) {
-		if got = p.metric(name, labels...); got == want {
-			return
-		}
-	}
-	p.t.Fatalf("%s: %s%v = %v, want %v", p.name, name, labels, got, want)
+	launch.WaitWithin(p.t, time.Until(since.Add(limit)),
+		func() string { return fmt.Sprintf("%s: endpoints %q after %s, want %q", p.Name, got, limit, want) },
+		func() bool {
+			got = p.endpoints()
+			return slices.Equal(got, want)
+		})
+	return time.Since(since)
 }
 
 // policyClass builds an explicit fcfs class of pool; threshold nil never
@@ -647,7 +476,7 @@ func waitObject[T client.Object](e *env, list client.ObjectList, name, what stri
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	c, cancel := context.WithTimeout(context.Background(), eventTimeout)
+	c, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
 	defer cancel()
 	if err := wc.List(c, list, client.InNamespace(e.ns)); err != nil {
 		e.t.Fatalf("list %T: %v", list, err)
@@ -678,7 +507,7 @@ func waitObject[T client.Object](e *env, list client.ObjectList, name, what stri
 			}
 		}
 	}
-	e.t.Fatalf("%T %s: not %s within %s; last seen %+v", last, name, what, eventTimeout, last)
+	e.t.Fatalf("%T %s: not %s within %s; last seen %+v", last, name, what, launch.EventTimeout, last)
 	return last
 }
 
@@ -711,6 +540,3 @@ func acceptedCondition(pc *v1alpha1.PolicyClass) metav1.Condition {
 	}
 	return metav1.Condition{}
 }
-
-// isNotFound reports a NotFound API error.
-func isNotFound(err error) bool { return apierrors.IsNotFound(err) }

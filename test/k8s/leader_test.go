@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/internal/epp"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 // Leader-election timing of the failover test: shorter than the defaults
@@ -38,7 +39,7 @@ func TestLeaderFailover(t *testing.T) {
 	r1.waitReady() // the first replica up takes the Lease
 	r2 := e.startEPP("epp-2", "pool", le...)
 	w2 := r2.watchReadiness()
-	<-r2.logs.await("waiting to be elected leader") // synced follower
+	r2.WaitLog(t, "waiting to be elected leader") // synced follower
 
 	leader, follower, wf := r1, r2, w2
 	holder := e.leaseHolder()
@@ -58,8 +59,8 @@ func TestLeaderFailover(t *testing.T) {
 	serve(t, leader.start(ctx(t), request("")))
 
 	t0 := time.Now()
-	leader.kill()
-	ready := follower.waitStatus(wf, healthpb.HealthCheckResponse_SERVING, readyTimeout)
+	leader.Kill()
+	ready := follower.waitStatus(wf, healthpb.HealthCheckResponse_SERVING, launch.DefaultReadyTimeout)
 	failover := ready.Sub(t0)
 	// client-go renews every RetryPeriod and a candidate retries every
 	// RetryPeriod with up to 1.2× jitter: the follower sees the last renewal
@@ -81,12 +82,12 @@ func TestLeaderFailover(t *testing.T) {
 	// next replica takes over at its next retry, not after a lease.
 	r3 := e.startEPP("epp-3", "pool", le...)
 	w3 := r3.watchReadiness()
-	<-r3.logs.await("waiting to be elected leader")
+	r3.WaitLog(t, "waiting to be elected leader")
 	t0 = time.Now()
-	if err := follower.stop(); err != nil {
+	if err := follower.Stop(stopGrace); err != nil {
 		t.Fatalf("leader shutdown: %v", err)
 	}
-	handover := r3.waitStatus(w3, healthpb.HealthCheckResponse_SERVING, readyTimeout).Sub(t0)
+	handover := r3.waitStatus(w3, healthpb.HealthCheckResponse_SERVING, launch.DefaultReadyTimeout).Sub(t0)
 	t.Logf("leader SIGTERMed: next replica ready after %v (drain and release, then its next retry)", handover.Round(time.Millisecond))
 	if handover >= leaseDuration {
 		t.Errorf("handover after SIGTERM took %v: the Lease was not released (lease %v)", handover, leaseDuration)
@@ -107,8 +108,8 @@ func TestDeposedLeaderStopsServing(t *testing.T) {
 		"--leader-election-renew-deadline="+renewDeadline.String(),
 		"--leader-election-retry-period="+retryPeriod.String())
 	w := p.watchReadiness()
-	p.waitStatus(w, healthpb.HealthCheckResponse_SERVING, readyTimeout)
-	p.mayFail = true
+	p.waitStatus(w, healthpb.HealthCheckResponse_SERVING, launch.DefaultReadyTimeout)
+	p.ExpectFailure()
 
 	e.usurpLease("intruder")
 	t0 := time.Now()
@@ -121,20 +122,20 @@ func TestDeposedLeaderStopsServing(t *testing.T) {
 			if !ok || st != healthpb.HealthCheckResponse_SERVING {
 				lost = time.Since(t0)
 			}
-		case <-time.After(eventTimeout):
-			t.Fatalf("deposed leader still serving after %v", eventTimeout)
+		case <-time.After(launch.EventTimeout):
+			t.Fatalf("deposed leader still serving after %v", launch.EventTimeout)
 		}
 	}
 	t.Logf("deposed leader not ready after %v (renew deadline %v)", lost.Round(time.Millisecond), renewDeadline)
 	select {
-	case <-p.exited:
-	case <-time.After(eventTimeout):
-		t.Fatalf("deposed leader still running after %v", eventTimeout)
+	case <-p.Done():
+	case <-time.After(launch.EventTimeout):
+		t.Fatalf("deposed leader still running after %v", launch.EventTimeout)
 	}
-	if st := p.cmd.ProcessState; st.Success() {
+	if st := p.Cmd.ProcessState; st.Success() {
 		t.Errorf("deposed leader exited %v, want a failure status so it restarts", st)
 	}
-	if !strings.Contains(p.logs.String(), "leader election lost") {
+	if !strings.Contains(p.Log.String(), "leader election lost") {
 		t.Errorf("deposed leader did not log the lost election")
 	}
 }
@@ -157,7 +158,7 @@ func health(t *testing.T, p *eppProc) healthpb.HealthCheckResponse_ServingStatus
 	t.Helper()
 	r, err := healthpb.NewHealthClient(p.healthConn).Check(ctx(t), &healthpb.HealthCheckRequest{Service: "readiness"})
 	if err != nil {
-		t.Fatalf("%s: readiness check: %v", p.name, err)
+		t.Fatalf("%s: readiness check: %v", p.Name, err)
 	}
 	return r.GetStatus()
 }
@@ -171,13 +172,8 @@ func TestNotReadyUntilSynced(t *testing.T) {
 	a := e.addPod("a", podSpec{app: "llm", ready: true})
 	p := e.startEPP("epp", "pool")
 	w := p.watchReadiness()
-	select {
-	case l := <-p.logs.await("forbidden"):
-		if !strings.Contains(l, "laneway-epp") {
-			t.Logf("forbidden: %s", l)
-		}
-	case <-time.After(eventTimeout):
-		t.Fatalf("no forbidden error logged without the Role\n%s", p.logs)
+	if l := p.WaitLog(t, "forbidden"); !strings.Contains(l, "laneway-epp") {
+		t.Logf("forbidden: %s", l)
 	}
 	if st := health(t, p); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("readiness %v without RBAC, want NOT_SERVING", st)
@@ -190,7 +186,7 @@ func TestNotReadyUntilSynced(t *testing.T) {
 
 	t0 := time.Now()
 	e.applyRole()
-	p.waitStatus(w, healthpb.HealthCheckResponse_SERVING, readyTimeout)
+	p.waitStatus(w, healthpb.HealthCheckResponse_SERVING, launch.DefaultReadyTimeout)
 	t.Logf("ready %v after the Role was bound (client-go's list retry backoff)", time.Since(t0).Round(time.Millisecond))
 	p.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
 	serve(t, p.start(ctx(t), request("")))

@@ -11,8 +11,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/internal/testenv"
-	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
 // Shared by every test: the API server (as cluster admin, for the test's
@@ -21,13 +21,9 @@ var (
 	adminCfg   *rest.Config
 	admin      client.Client
 	kube       kubernetes.Interface
-	eppBinary  string
+	bins       launch.Binaries
 	skipReason string // set when the envtest binaries are absent
 )
-
-// raceEPP builds the picker with the race detector, so a data race in the
-// controllers under these workloads fails the suite (the log shows it).
-var raceEPP = flag.Bool("epp-race", os.Getenv("LANEWAY_EPP_RACE") == "1", "build the epp binary with -race")
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -46,7 +42,9 @@ func run(m *testing.M) int {
 	built := make(chan error, 1)
 	go func() {
 		var err error
-		eppBinary, err = testproc.Build(dir, "./cmd/epp", *raceEPP)
+		// With the race detector when launch.RaceEnv asks: a data race in
+		// the controllers under these workloads then fails the suite.
+		bins, err = launch.Build(dir, launch.RaceFromEnv(), launch.CmdEpp)
 		built <- err
 	}()
 	cfg, stop, err := testenv.Start()

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 // TestPinnedRequestOnDeletedPod: a request pinned (one-entry subset hint)
@@ -34,7 +35,7 @@ func TestPinnedRequestOnDeletedPod(t *testing.T) {
 		t.Fatalf("blocker routed to %s", got)
 	}
 	waiting := startAsync(p, request("", a.addr(e.port)))
-	p.waitMetric(1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
+	p.Metrics.Await(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
 	// An unpinned request is not held by a's lane: it goes to b.
 	other := p.start(ctx(t), request(""))
 	if got := routed(t, other); got != b.addr(e.port) {
@@ -46,8 +47,8 @@ func TestPinnedRequestOnDeletedPod(t *testing.T) {
 	var r result
 	select {
 	case r = <-waiting:
-	case <-time.After(eventTimeout):
-		t.Fatalf("pinned request still waiting %v after its pod was deleted", eventTimeout)
+	case <-time.After(launch.EventTimeout):
+		t.Fatalf("pinned request still waiting %v after its pod was deleted", launch.EventTimeout)
 	}
 	lat := r.at.Sub(t0)
 	if r.err != nil {
@@ -84,9 +85,9 @@ func TestInvalidPolicyKeepsLastGood(t *testing.T) {
 
 	dispatchedAs := func(header, class string) {
 		t.Helper()
-		before := p.metric("laneway_dispatches_total", "policy_class", class)
+		before := p.Metrics.Value(t, "laneway_dispatches_total", "policy_class", class)
 		serve(t, p.start(ctx(t), request(header)))
-		if after := p.metric("laneway_dispatches_total", "policy_class", class); after != before+1 {
+		if after := p.Metrics.Value(t, "laneway_dispatches_total", "policy_class", class); after != before+1 {
 			t.Fatalf("request with class header %q: dispatches of class %q went %v -> %v, want +1", header, class, before, after)
 		}
 	}
@@ -202,8 +203,8 @@ func TestQuantumChangeUnderLoad(t *testing.T) {
 			answered[a.i]++
 			order = append(order, classOf[a.i])
 			serve(t, a.ex)
-		case <-time.After(eventTimeout):
-			t.Fatalf("no dispatch within %v after %d", eventTimeout, len(order))
+		case <-time.After(launch.EventTimeout):
+			t.Fatalf("no dispatch within %v after %d", launch.EventTimeout, len(order))
 		}
 	}
 	serve(t, blocker)
@@ -256,8 +257,8 @@ func TestQuantumChangeUnderLoad(t *testing.T) {
 		t.Errorf("request %d answered again: %+v", a.i, a.result)
 	default:
 	}
-	p.waitMetric(float64(len(classOf)+1), "laneway_dispatches_total")
-	if n := p.metric("laneway_rejections_total"); n != 0 {
+	p.Metrics.Await(t, float64(len(classOf)+1), "laneway_dispatches_total")
+	if n := p.Metrics.Value(t, "laneway_rejections_total"); n != 0 {
 		t.Errorf("%v requests rejected, want none", n)
 	}
 	for _, c := range []string{"alpha", "beta"} {

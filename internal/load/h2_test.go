@@ -3,34 +3,12 @@ package load
 import (
 	"context"
 	"crypto/tls"
-	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
-)
 
-// streamsByOutcome reads laneway_extproc_streams_total from the picker.
-func streamsByOutcome(t *testing.T, p *Proc, outcome string) string {
-	t.Helper()
-	resp, err := http.Get("http://" + p.MetricsAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prefix := fmt.Sprintf("laneway_extproc_streams_total{outcome=%q} ", outcome)
-	for line := range strings.SplitSeq(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, prefix); ok {
-			return v
-		}
-	}
-	return "0"
-}
+	"github.com/laneway-dev/laneway/internal/launch"
+)
 
 // TestH2RunnerAgainstPicker drives the real picker through the event-driven
 // gateway: every request is routed, every stream completes its response
@@ -48,8 +26,8 @@ func TestH2RunnerAgainstPicker(t *testing.T) {
 		{"large body", 10 * time.Millisecond, 40_000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, _ := spawnPicker(t, idleEndpoint(t))
-			r := &H2Runner{Addr: p.GRPCAddr, Conns: 2, PickerCPU: p.CPU()}
+			p, _ := startPicker(t, idleEndpoint(t))
+			r := &H2Runner{Addr: p.GRPCAddr, Conns: 2, PickerCPU: ProcCPU(p.Cmd.Process.Pid)}
 			res, err := r.RunOpen(context.Background(), Config{Rate: 400, Hold: tc.hold, Duration: 500 * time.Millisecond, PromptTokens: tc.tokens})
 			if err != nil {
 				t.Fatal(err)
@@ -63,8 +41,8 @@ func TestH2RunnerAgainstPicker(t *testing.T) {
 			if !res.HasPickerCPU || res.PickerCPU <= 0 {
 				t.Errorf("no picker CPU measured: %+v", res)
 			}
-			if got := streamsByOutcome(t, p, "routed"); got != "200" {
-				t.Errorf("picker counted %s routed streams, want 200", got)
+			if got := p.Metrics.Value(t, "laneway_extproc_streams_total", "outcome", "routed"); got != 200 {
+				t.Errorf("picker counted %v routed streams, want 200", got)
 			}
 		})
 	}
@@ -73,7 +51,7 @@ func TestH2RunnerAgainstPicker(t *testing.T) {
 // TestH2RunnerImmediate: with no endpoints every request gets an immediate
 // 503, counted by status, and no stream is left open.
 func TestH2RunnerImmediate(t *testing.T) {
-	p, _ := spawnPicker(t)
+	p, _ := startPicker(t)
 	r := &H2Runner{Addr: p.GRPCAddr, Conns: 1}
 	res, err := r.RunOpen(context.Background(), Config{Rate: 200, Hold: time.Second, Duration: 250 * time.Millisecond, PromptTokens: 16})
 	if err != nil {
@@ -90,15 +68,7 @@ func TestH2RunnerImmediate(t *testing.T) {
 // TestH2RunnerTLS speaks TLS with ALPN h2 to a picker serving its
 // self-signed certificate.
 func TestH2RunnerTLS(t *testing.T) {
-	p, err := Spawn(context.Background(), SpawnOptions{Bin: eppBin, TLS: true, Endpoints: []string{idleEndpoint(t)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Stop(10 * time.Second); err != nil {
-			t.Error(err)
-		}
-	})
+	p := bins.RunPicker(t, launch.PickerOptions{TLS: true, Endpoints: []string{idleEndpoint(t)}})
 	r := &H2Runner{Addr: p.GRPCAddr, Conns: 1, TLS: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // self-signed test picker
 	res, err := r.RunOpen(context.Background(), Config{Rate: 200, Hold: 10 * time.Millisecond, Duration: 250 * time.Millisecond, PromptTokens: 64})
 	if err != nil {
@@ -112,11 +82,7 @@ func TestH2RunnerTLS(t *testing.T) {
 // TestH2RunnerPlaintextToTLSPicker: a handshake failure is an error from
 // RunOpen, not a hang.
 func TestH2RunnerPlaintextToTLSPicker(t *testing.T) {
-	p, err := Spawn(context.Background(), SpawnOptions{Bin: eppBin, TLS: true, Endpoints: []string{idleEndpoint(t)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
+	p := bins.RunPicker(t, launch.PickerOptions{TLS: true, Endpoints: []string{idleEndpoint(t)}})
 	r := &H2Runner{Addr: p.GRPCAddr, Conns: 1}
 	res, err := r.RunOpen(context.Background(), Config{Rate: 100, Hold: 0, Duration: 100 * time.Millisecond, PromptTokens: 16})
 	if err != nil {

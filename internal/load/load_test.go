@@ -2,19 +2,15 @@ package load
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 func TestSummarize(t *testing.T) {
@@ -101,52 +97,19 @@ func TestProcCPU(t *testing.T) {
 	}
 }
 
-// eppBin is the real picker, built once by TestMain.
-var eppBin string
+// bins holds the real picker, built once by TestMain.
+var bins launch.Binaries
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "load-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := func() int {
-		defer os.RemoveAll(dir)
-		if eppBin, err = BuildEPP(dir); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		return m.Run()
-	}()
-	os.Exit(code)
+	launch.BuildAndRun(m, &bins, "load-test", false, launch.CmdEpp)
 }
 
-func spawnPicker(t *testing.T, endpoints ...string) (*Proc, *Runner) {
+// startPicker runs a plaintext picker with endpoints for the test and a
+// runner over one connection to it.
+func startPicker(t *testing.T, endpoints ...string) (*launch.Picker, *Runner) {
 	t.Helper()
-	bin := eppBin
-	var log strings.Builder
-	var mu sync.Mutex
-	p, err := Spawn(context.Background(), SpawnOptions{Bin: bin, Endpoints: endpoints, Log: writerFunc(func(b []byte) (int, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return log.Write(b)
-	})})
-	if err != nil {
-		t.Fatalf("spawn epp: %v", err)
-	}
-	conn, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		if err := p.Stop(10 * time.Second); err != nil {
-			mu.Lock()
-			t.Errorf("%v\n%s", err, log.String())
-			mu.Unlock()
-		}
-	})
-	return p, &Runner{Clients: []*extprocclient.Client{extprocclient.New(conn, extprocclient.Options{})}, PickerCPU: p.CPU()}
+	p := bins.RunPicker(t, launch.PickerOptions{Endpoints: endpoints})
+	return p, &Runner{Clients: []*extprocclient.Client{p.Client(t, extprocclient.Options{})}, PickerCPU: ProcCPU(p.Cmd.Process.Pid)}
 }
 
 // idleEndpoint starts an idle stand-in model server for the test.
@@ -181,15 +144,11 @@ func TestIdleEndpoint(t *testing.T) {
 	}
 }
 
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
-
 // TestRunOpen runs a short open loop against the real picker: every
 // arrival is sent on schedule, routed, held and completed, and the report
 // adds up.
 func TestRunOpen(t *testing.T) {
-	_, r := spawnPicker(t, idleEndpoint(t))
+	_, r := startPicker(t, idleEndpoint(t))
 	res, err := r.RunOpen(context.Background(), Config{Rate: 200, Hold: 20 * time.Millisecond, Duration: 500 * time.Millisecond, PromptTokens: 64})
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +169,7 @@ func TestRunOpen(t *testing.T) {
 // TestRunOpenCap: arrivals that find the cap reached are skipped, not
 // delayed, so the schedule stays open-loop.
 func TestRunOpenCap(t *testing.T) {
-	_, r := spawnPicker(t, idleEndpoint(t))
+	_, r := startPicker(t, idleEndpoint(t))
 	res, err := r.RunOpen(context.Background(), Config{Rate: 100, Hold: 200 * time.Millisecond, Duration: 500 * time.Millisecond, ConcurrencyCap: 1, PromptTokens: 8})
 	if err != nil {
 		t.Fatal(err)
@@ -224,7 +183,7 @@ func TestRunOpenCap(t *testing.T) {
 // answers by status (no endpoints: 503).
 func TestRunClosed(t *testing.T) {
 	t.Run("routed", func(t *testing.T) {
-		_, r := spawnPicker(t, idleEndpoint(t))
+		_, r := startPicker(t, idleEndpoint(t))
 		res, err := r.RunClosed(context.Background(), Config{Concurrency: 4, Duration: 300 * time.Millisecond, PromptTokens: 16})
 		if err != nil {
 			t.Fatal(err)
@@ -234,7 +193,7 @@ func TestRunClosed(t *testing.T) {
 		}
 	})
 	t.Run("no endpoints", func(t *testing.T) {
-		_, r := spawnPicker(t)
+		_, r := startPicker(t)
 		res, err := r.RunClosed(context.Background(), Config{Concurrency: 2, Duration: 200 * time.Millisecond, PromptTokens: 16})
 		if err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package testproc
+package launch
 
 import (
 	"fmt"
@@ -39,3 +39,41 @@ func FreePort(ip string) (int, error) {
 
 // HostPort joins ip and port into an address.
 func HostPort(ip string, port int) string { return net.JoinHostPort(ip, strconv.Itoa(port)) }
+
+// FreePortOnAll returns a port that was free on every one of ips a moment
+// ago: the pods of a pool all serve the pool's one target port, each on its
+// own address.
+func FreePortOnAll(ips []string) (int, error) {
+	if len(ips) == 0 {
+		return 0, fmt.Errorf("free port on no address")
+	}
+	for attempt := 0; attempt < 20; attempt++ {
+		port, err := FreePort(ips[0])
+		if err != nil {
+			return 0, err
+		}
+		if freeOnAll(ips[1:], port) {
+			return port, nil
+		}
+	}
+	return 0, fmt.Errorf("no port free on every one of %v after 20 tries", ips)
+}
+
+// freeOnAll reports whether port can be bound on each of ips, holding the
+// probes open together as a pool's servers will.
+func freeOnAll(ips []string, port int) bool {
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			l.Close()
+		}
+	}()
+	for _, ip := range ips {
+		l, err := net.Listen("tcp", HostPort(ip, port))
+		if err != nil {
+			return false
+		}
+		held = append(held, l)
+	}
+	return true
+}

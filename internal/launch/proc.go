@@ -1,4 +1,4 @@
-package testproc
+package launch
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -46,6 +47,9 @@ type Proc struct {
 
 	done    chan struct{}
 	waitErr error // written before done closes
+	// failureOK is set by Kill and ExpectFailure: a non-zero exit is what
+	// the caller asked for, not a failed shutdown (see watch).
+	failureOK atomic.Bool
 }
 
 // Start starts the process with its output captured and, on Linux, a
@@ -137,12 +141,24 @@ func (p *Proc) Quit() {
 	select {
 	case <-p.done:
 	case <-time.After(QuitGrace):
-		p.Kill()
+		p.kill()
 	}
 }
 
-// Kill sends SIGKILL (no drain, no clean-up in the process) and waits.
+// Kill sends SIGKILL (no drain, no clean-up in the process) and waits. The
+// exit it causes is the caller's doing, so a watched process's cleanup
+// does not report it (see ExpectFailure).
 func (p *Proc) Kill() {
+	p.ExpectFailure()
+	p.kill()
+}
+
+func (p *Proc) kill() {
 	_ = p.Signal(syscall.SIGKILL)
 	<-p.done
 }
+
+// ExpectFailure marks a non-zero exit as what the caller expects (a
+// deposed leader exits 1 so that it restarts): the cleanup of a Run* start
+// then only reaps the process.
+func (p *Proc) ExpectFailure() { p.failureOK.Store(true) }

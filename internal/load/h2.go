@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/laneway-dev/laneway/test/load/h2client"
+	"github.com/laneway-dev/laneway/internal/load/h2client"
 )
 
 // H2Runner drives the open loop through h2client, the event-driven gateway:

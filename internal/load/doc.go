@@ -33,8 +33,10 @@
 //     (loadgen --compare-floor), Laneway's latency above it is what its own
 //     work adds.
 //
-// Spawn builds and starts a picker subprocess for self-contained runs, and
 // CPU samplers read a process's CPU time from /proc or from the picker's
-// process_cpu_seconds_total metric. cmd/loadgen is the command around this
-// package. Every loop is bounded in count and time.
+// process_cpu_seconds_total metric. The picker of a self-contained run is
+// started with internal/launch, as the suites start theirs; SpawnLWEPP
+// starts the upstream reference picker with its own API server.
+// cmd/loadgen is the command around this package. Every loop is bounded in
+// count and time.
 package load

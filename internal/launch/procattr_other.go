@@ -1,6 +1,6 @@
 //go:build !linux
 
-package testproc
+package launch
 
 import "syscall"
 

@@ -1,4 +1,4 @@
-package testproc
+package launch
 
 import (
 	"context"
@@ -150,7 +150,7 @@ func TestFreePorts(t *testing.T) {
 	}
 }
 
-func TestWaitFor(t *testing.T) {
+func TestPoll(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/health" {
 			http.NotFound(w, r)
@@ -173,15 +173,15 @@ func TestWaitFor(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := WaitFor(context.Background(), nil, tc.name, 200*time.Millisecond, tc.check)
+			err := Poll(context.Background(), nil, tc.name, 200*time.Millisecond, tc.check)
 			if (err != nil) != tc.wantErr {
-				t.Fatalf("WaitFor = %v, want error %t", err, tc.wantErr)
+				t.Fatalf("Poll = %v, want error %t", err, tc.wantErr)
 			}
 		})
 	}
 }
 
-func TestWaitForGivesUpWhenTheProcessExits(t *testing.T) {
+func TestPollGivesUpWhenTheProcessExits(t *testing.T) {
 	p := startChild(t, "exit3")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -189,9 +189,9 @@ func TestWaitForGivesUpWhenTheProcessExits(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	err = WaitFor(context.Background(), p, "child", time.Minute, TCPOpen(addr))
+	err = Poll(context.Background(), p, "child", time.Minute, TCPOpen(addr))
 	if err == nil || !strings.Contains(err.Error(), "exited") {
-		t.Fatalf("WaitFor = %v, want the exit reported", err)
+		t.Fatalf("Poll = %v, want the exit reported", err)
 	}
 	err = WaitGRPCServing(context.Background(), p, addr, "readiness", nil, time.Minute)
 	if err == nil || !strings.Contains(err.Error(), "exited") {

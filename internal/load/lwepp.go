@@ -25,8 +25,8 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
 	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/internal/testenv"
-	"github.com/laneway-dev/laneway/internal/testproc"
 )
 
 // LWEPPPackage is the upstream lightweight reference picker (round robin,
@@ -82,11 +82,15 @@ type LWEPPOptions struct {
 }
 
 // LWEPP is a running lwepp with the API server it reads. It is used like
-// Proc: GRPCAddr is its ext_proc address, CPU samples its /proc times, and
-// Stop ends it and its API server. HealthAddr serves LWEPPHealthService
-// (plaintext, whatever TLS says); MetricsAddr is its Prometheus page.
+// a launch.Picker: GRPCAddr is its ext_proc address, CPU samples its /proc
+// times, and Stop ends it and its API server. HealthAddr serves
+// LWEPPHealthService (plaintext, whatever TLS says); MetricsAddr is its
+// Prometheus page.
 type LWEPP struct {
-	*Proc
+	*launch.Proc
+	// GRPCAddr, HealthAddr and MetricsAddr are its ext_proc, gRPC health
+	// and Prometheus addresses.
+	GRPCAddr, HealthAddr, MetricsAddr string
 	// Endpoint is the endpoint lwepp routes to (LWEPPOptions.Endpoint).
 	Endpoint string
 	// Kubeconfig is the admin kubeconfig lwepp reads its API server with;
@@ -117,7 +121,7 @@ func LWEPPBinary() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("temp dir for %s: %w", LWEPPPackage, err)
 	}
-	bin, err := testproc.Build(dir, LWEPPPackage, false)
+	bin, err := launch.BuildPackage(dir, LWEPPPackage, false)
 	if err != nil {
 		os.RemoveAll(dir)
 		return "", err
@@ -215,14 +219,11 @@ func SpawnLWEPP(ctx context.Context, o LWEPPOptions) (l *LWEPP, err error) {
 		return l, err
 	}
 
-	ports, err := testproc.FreePorts("127.0.0.1", 3)
+	// lwepp logs no line naming the ports it bound, so they are probed
+	// here.
+	ports, err := launch.FreePorts("127.0.0.1", 3)
 	if err != nil {
 		return l, err
-	}
-	p := &Proc{
-		GRPCAddr:    testproc.HostPort("127.0.0.1", ports[0]),
-		HealthAddr:  testproc.HostPort("127.0.0.1", ports[1]),
-		MetricsAddr: testproc.HostPort("127.0.0.1", ports[2]),
 	}
 	// lwepp has no bind-address flag: it listens on every interface of
 	// these ports; the load tool only connects through 127.0.0.1.
@@ -235,18 +236,19 @@ func SpawnLWEPP(ctx context.Context, o LWEPPOptions) (l *LWEPP, err error) {
 		"--metrics-port=" + strconv.Itoa(ports[2]),
 		"--secure-serving=" + strconv.FormatBool(o.TLS),
 	}, o.Args...)
-	po := testproc.Options{Name: "lwepp", Bin: binPath, Args: args, LogLimit: spawnLogLimit, Output: o.Log}
+	po := launch.Options{Name: "lwepp", Bin: binPath, Args: args, LogLimit: launch.DefaultLogLimit, Output: o.Log}
 	if o.LogFile != "" {
 		po.Name = "lwepp (log in " + o.LogFile + ")"
 		po.Bin, po.Output = "/bin/sh", nil
 		po.Args = append([]string{"-c", `exec "$@" >>"$0" 2>&1`, o.LogFile, binPath}, args...)
 	}
-	if p.proc, err = testproc.Start(po); err != nil {
+	if l.Proc, err = launch.Start(po); err != nil {
 		return l, err
 	}
-	p.Cmd = p.proc.Cmd
-	l.Proc = p
-	if err := testproc.WaitGRPCServing(ctx, p.proc, p.HealthAddr, LWEPPHealthService, nil, lweppReadyTimeout); err != nil {
+	l.GRPCAddr = launch.HostPort("127.0.0.1", ports[0])
+	l.HealthAddr = launch.HostPort("127.0.0.1", ports[1])
+	l.MetricsAddr = launch.HostPort("127.0.0.1", ports[2])
+	if err := launch.WaitGRPCServing(ctx, l.Proc, l.HealthAddr, LWEPPHealthService, nil, lweppReadyTimeout); err != nil {
 		return l, err
 	}
 	if err := waitLWEPPRoutes(ctx, l, o.TLS); err != nil {
@@ -255,9 +257,12 @@ func SpawnLWEPP(ctx context.Context, o LWEPPOptions) (l *LWEPP, err error) {
 	return l, nil
 }
 
+// CPU samples lwepp's CPU time from /proc.
+func (l *LWEPP) CPU() CPUSampler { return ProcCPU(l.Cmd.Process.Pid) }
+
 // Stop sends lwepp SIGTERM and waits up to timeout for its exit (then ends
-// it as Proc.Stop does), stops the API server and etcd, and removes the
-// kubeconfig's directory.
+// it as launch.Proc.Stop does), stops the API server and etcd, and removes
+// the kubeconfig's directory.
 func (l *LWEPP) Stop(timeout time.Duration) error {
 	return l.cleanup(&timeout)
 }
@@ -267,8 +272,8 @@ func (l *LWEPP) cleanup(timeout *time.Duration) error {
 	var errs []error
 	if l.Proc != nil {
 		if timeout == nil {
-			l.proc.Kill()
-		} else if err := l.proc.Stop(*timeout); err != nil {
+			l.Proc.Kill()
+		} else if err := l.Proc.Stop(*timeout); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -360,14 +365,14 @@ func waitLWEPPRoutes(ctx context.Context, l *LWEPP, useTLS bool) error {
 	if useTLS {
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}) //nolint:gosec // lwepp serves a self-signed certificate
 	}
-	conn, err := testproc.Dial(l.GRPCAddr, creds)
+	conn, err := launch.Dial(l.GRPCAddr, creds)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	c := extprocclient.New(conn, extprocclient.Options{})
 	spec := specFor(&Config{PromptTokens: 16})
-	return testproc.WaitFor(ctx, l.proc, "lwepp routing to "+l.Endpoint, lweppRouteTimeout, func(ctx context.Context) error {
+	return launch.Poll(ctx, l.Proc, "lwepp routing to "+l.Endpoint, lweppRouteTimeout, func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, lweppProbeTimeout)
 		defer cancel()
 		ex, err := c.Start(ctx, spec)

@@ -7,12 +7,13 @@ import (
 	"net"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
 // rxStampConn reads a TCP connection with recvmsg and keeps the kernel's
 // receive timestamp (SO_TIMESTAMPNS, CLOCK_REALTIME) of the newest segment
-// each read returned. A frame parsed after a read arrived no later than that
+// each read returned, or the read's own time when the kernel stamped none. A frame parsed after a read arrived no later than that
 // read's timestamp, so latency taken to it is an upper bound of the time the
 // answer was on the wire, without the load tool's own wake-up and queueing.
 type rxStampConn struct {
@@ -55,9 +56,15 @@ func (c *rxStampConn) Read(p []byte) (int, error) {
 	if n == 0 && len(p) > 0 {
 		return 0, io.EOF
 	}
-	if ts := parseTimestampNS(c.oob[:oobn]); ts != 0 {
-		c.last.Store(ts)
+	ts := parseTimestampNS(c.oob[:oobn])
+	if ts == 0 {
+		// Linux turns receive stamping on through deferred work: on a busy
+		// machine the first segments after SO_TIMESTAMPNS come unstamped.
+		// The read's own time bounds their arrival too (later, never
+		// earlier); keeping the previous stamp would bound it too early.
+		ts = time.Now().UnixNano()
 	}
+	c.last.Store(ts)
 	return n, nil
 }
 

@@ -1,4 +1,4 @@
-package testproc
+package launch
 
 import (
 	"context"
@@ -14,16 +14,18 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-// pollEvery is the pause between two readiness checks of WaitFor: a
-// separate process raises no event the caller could wait on.
-const pollEvery = 20 * time.Millisecond
+// pollEvery is the pause between two checks of Poll (and so of WaitFor):
+// what it polls raises no event the caller could wait on.
+const pollEvery = 10 * time.Millisecond
 
-// Check is one readiness probe; nil means ready.
+// Check is one probe; nil means the awaited state holds.
 type Check func(ctx context.Context) error
 
-// WaitFor runs check until it returns nil, p exits (p may be nil), ctx ends
-// or timeout passes; the error names what and the last check's error.
-func WaitFor(ctx context.Context, p *Proc, what string, timeout time.Duration, check Check) error {
+// Poll runs check until it returns nil, p exits (p may be nil), ctx ends or
+// timeout passes; the error names what and the last check's error. It is
+// the one polling loop of the package: WaitFor is Poll with a test's
+// failure message.
+func Poll(ctx context.Context, p *Proc, what string, timeout time.Duration, check Check) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last error

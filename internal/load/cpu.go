@@ -1,16 +1,15 @@
 package load
 
 import (
+	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 // clockTicks is Linux's USER_HZ, the unit of /proc/<pid>/stat CPU times.
@@ -51,27 +50,19 @@ func ProcCPU(pid int) CPUSampler {
 // MetricsCPU samples process_cpu_seconds_total from a Prometheus endpoint
 // (the picker's /metrics at addr "host:port").
 func MetricsCPU(addr string) CPUSampler {
-	client := &http.Client{Timeout: 5 * time.Second}
-	url := "http://" + addr + "/metrics"
+	page := launch.PageAt(addr)
 	return func() (float64, error) {
-		resp, err := client.Get(url)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		m, err := page.Scrape(ctx)
 		if err != nil {
-			return 0, fmt.Errorf("scrape %s: %w", url, err)
+			return 0, err
 		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return 0, fmt.Errorf("scrape %s: status %d", url, resp.StatusCode)
+		v, ok := m.Sum("process_cpu_seconds_total")
+		if !ok {
+			return 0, fmt.Errorf("%s has no process_cpu_seconds_total", page)
 		}
-		p := expfmt.NewTextParser(model.UTF8Validation)
-		fams, err := p.TextToMetricFamilies(resp.Body)
-		if err != nil {
-			return 0, fmt.Errorf("parse %s: %w", url, err)
-		}
-		f, ok := fams["process_cpu_seconds_total"]
-		if !ok || len(f.GetMetric()) == 0 {
-			return 0, fmt.Errorf("%s has no process_cpu_seconds_total", url)
-		}
-		return f.GetMetric()[0].GetCounter().GetValue(), nil
+		return v, nil
 	}
 }
 
