@@ -17,18 +17,6 @@ import (
 // a package's tests there).
 const root = ".."
 
-// notYet lists the packages docs/architecture.md describes as they are
-// after issue 13 but that other branches of that issue create: paths at or
-// under them are not checked yet.
-//
-// TODO(issue 13 merge): delete this map and its use in
-// TestArchitecturePathsExist once pkg/sched, internal/launch and
-// internal/load are merged.
-var notYet = map[string]bool{
-	"internal/launch": true,
-	"internal/load":   true,
-}
-
 // skipDirs are directories of the tree that hold no sources: the .git
 // store, built tools and binaries (bin/ links to the envtest binaries),
 // and run output.
@@ -406,21 +394,8 @@ func TestArchitecturePathsExist(t *testing.T) {
 		t.Fatalf("found only %d paths in docs/architecture.md (%q); the scan is probably broken", len(paths), paths)
 	}
 	for _, p := range paths {
-		if pending(p) {
-			continue
-		}
 		if _, err := os.Stat(filepath.Join(root, filepath.FromSlash(p))); err != nil {
 			t.Errorf("docs/architecture.md names %s, which is not in the tree: %v", p, err)
 		}
 	}
-}
-
-// pending reports whether p is at or under a notYet package.
-func pending(p string) bool {
-	for q := p; q != "." && q != "/" && q != ""; q = filepath.ToSlash(filepath.Dir(q)) {
-		if notYet[q] {
-			return true
-		}
-	}
-	return false
 }

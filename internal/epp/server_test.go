@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
-	"github.com/laneway-dev/laneway/internal/testproc"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 // testOptions are a plaintext picker's options on loopback ports the
@@ -164,7 +164,7 @@ func TestRunPartStopsFirst(t *testing.T) {
 // port for as long as Run runs; a port already taken fails NewServer,
 // naming the flag.
 func TestServerPprof(t *testing.T) {
-	port, err := testproc.FreePort("127.0.0.1")
+	port, err := launch.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}

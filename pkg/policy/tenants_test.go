@@ -100,7 +100,7 @@ func TestResolveForAllowedClasses(t *testing.T) {
 	}{
 		{acme, "premium", 100, "premium-short"},
 		{acme, "premium", 5000, "premium-long"},
-		{acme, "", 100, "regular-short"},        // its default family
+		{acme, "", 100, "regular-short"},         // its default family
 		{acme, "nonsense", 100, "regular-short"}, // unknown: its default family
 		{other, "premium", 100, "regular-short"}, // not allowed: ignored
 		{other, "premium", 4000, "regular-long"},

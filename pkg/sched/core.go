@@ -201,7 +201,7 @@ func (c *Core) Admit(now int64, r *Request) {
 	}
 	r.arrival = now
 	item, err := c.q.Offer(drr.Request{
-		Class:          t.Class,
+		Class:          int32(t.Class),
 		Pinned:         r.pinned,
 		RawISL:         t.RawISL,
 		Cached:         t.Cached,

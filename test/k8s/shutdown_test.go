@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/internal/epp"
-	"github.com/laneway-dev/laneway/internal/testproc"
+	"github.com/laneway-dev/laneway/internal/launch"
 )
 
 // TestSIGTERMDrainHandsOver: a leader SIGTERMed with one dispatched stream
@@ -38,7 +38,7 @@ func TestSIGTERMDrainHandsOver(t *testing.T) {
 	leader.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
 	follower := e.startEPP("epp-2", "pool", args...)
 	wf := follower.watchReadiness()
-	<-follower.logs.await("waiting to be elected leader")
+	follower.WaitLog(t, "waiting to be elected leader")
 
 	held := leader.start(ctx(t), request("lane"))
 	if got := routed(t, held); got != a.addr(e.port) {
@@ -49,10 +49,10 @@ func TestSIGTERMDrainHandsOver(t *testing.T) {
 	for i := range answers {
 		answers[i] = startAsync(leader, request("lane"))
 	}
-	leader.waitMetric(queued, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
+	leader.Metrics.Await(t, queued, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
 
 	t0 := time.Now()
-	if err := leader.proc.Signal(syscall.SIGTERM); err != nil {
+	if err := leader.Signal(syscall.SIGTERM); err != nil {
 		t.Fatalf("SIGTERM the leader: %v", err)
 	}
 	for i, ch := range answers {
@@ -66,8 +66,8 @@ func TestSIGTERMDrainHandsOver(t *testing.T) {
 				t.Fatalf("queued request %d answered %+v, want 503 %s", i, d, epp.ReasonShuttingDown)
 			}
 			_ = r.ex.Close()
-		case <-time.After(eventTimeout):
-			t.Fatalf("queued request %d not answered %v after SIGTERM", i, eventTimeout)
+		case <-time.After(launch.EventTimeout):
+			t.Fatalf("queued request %d not answered %v after SIGTERM", i, launch.EventTimeout)
 		}
 	}
 
@@ -75,7 +75,7 @@ func TestSIGTERMDrainHandsOver(t *testing.T) {
 	// follower takes over at its next retry, well inside the drain.
 	handover := follower.waitStatus(wf, healthpb.HealthCheckResponse_SERVING, drainTimeout).Sub(t0)
 	select {
-	case <-leader.exited:
+	case <-leader.Done():
 		t.Fatalf("leader exited before the follower took over (%v after SIGTERM): its drain did not wait for the open stream", handover)
 	default:
 	}
@@ -85,7 +85,7 @@ func TestSIGTERMDrainHandsOver(t *testing.T) {
 	// The dispatched stream plays to its end on the draining leader, which
 	// then exits 0 inside the drain timeout.
 	serve(t, held)
-	if err := leader.proc.Wait(drainTimeout); err != nil {
+	if err := leader.Wait(drainTimeout); err != nil {
 		t.Fatalf("leader after its drain: %v", err)
 	}
 	exit := time.Since(t0)
@@ -104,28 +104,24 @@ func TestDeposedLeaderDrains(t *testing.T) {
 	a := e.addPod("a", podSpec{app: "llm", ready: true})
 	p := e.startEPP("epp", "pool", electionFlags()...)
 	w := p.watchReadiness()
-	p.waitStatus(w, healthpb.HealthCheckResponse_SERVING, readyTimeout)
+	p.waitStatus(w, healthpb.HealthCheckResponse_SERVING, launch.DefaultReadyTimeout)
 	p.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
-	p.mayFail = true
+	p.ExpectFailure()
 	held := p.start(ctx(t), request(""))
 	routed(t, held)
 
 	e.usurpLease("usurper")
-	p.waitStatus(w, healthpb.HealthCheckResponse_NOT_SERVING, eventTimeout)
+	p.waitStatus(w, healthpb.HealthCheckResponse_NOT_SERVING, launch.EventTimeout)
+	p.WaitLog(t, "leader election lost")
 	select {
-	case <-p.logs.await("leader election lost"):
-	case <-time.After(eventTimeout):
-		t.Fatalf("deposed leader did not log the lost election\n%s", p.logs)
-	}
-	select {
-	case <-p.exited:
+	case <-p.Done():
 		t.Fatal("deposed leader exited with a stream still dispatched")
 	default:
 	}
 	serve(t, held)
-	err := p.proc.Wait(eventTimeout)
+	err := p.Wait(launch.EventTimeout)
 	var exit *exec.ExitError
-	if errors.Is(err, testproc.ErrNotStopped) || !errors.As(err, &exit) {
+	if errors.Is(err, launch.ErrNotStopped) || !errors.As(err, &exit) {
 		t.Errorf("deposed leader after its last stream ended: %v, want a failure exit so it restarts", err)
 	}
 }
