@@ -134,7 +134,7 @@ func (r *policyReconciler) apply(cfg *policy.Config) error {
 		return fmt.Errorf("apply the policy of pool %s: %w", r.pool.Name, err)
 	}
 	r.applied = cfg
-	r.log.Info("policy applied", "pool", r.pool.Name, "classes", len(compiled.Classes))
+	r.log.Info("policy applied", "pool", r.pool.Name, "classes", len(compiled.Classes), "tenants", compiled.Identity().String())
 	for i, in := range compiled.Info {
 		r.log.V(2).Info("policy class", "model", in.Model, "class", in.Name, "quantum", compiled.Classes[i].Quantum,
 			"policy", compiled.Classes[i].Policy.String(), "busy", compiled.Busy[i].String(), "synthetic", in.Synthetic)

@@ -1,6 +1,9 @@
 package dispatcher
 
-import "github.com/laneway-dev/laneway/pkg/podmetrics"
+import (
+	"github.com/laneway-dev/laneway/pkg/podmetrics"
+	"github.com/laneway-dev/laneway/pkg/policy"
+)
 
 // The control-plane calls: endpoint sets, scrapes, policy swaps, snapshots
 // and shutdown, each run on the loop as a function (none is on the
@@ -56,8 +59,15 @@ func (d *Dispatcher) SetPolicy(p *Policy) error {
 	if !d.call(func() { err = d.core.SetPolicy(p) }) {
 		return ErrShuttingDown
 	}
+	if err == nil {
+		d.identity.Store(p.Identity)
+	}
 	return err
 }
+
+// Identity is the identity source of the policy in force (nil: none, the
+// x-laneway-tenant header names the tenant). Safe for concurrent use.
+func (d *Dispatcher) Identity() *policy.Identity { return d.identity.Load() }
 
 // Snapshot returns the queue and endpoint state (for metrics and status).
 func (d *Dispatcher) Snapshot() (s Snapshot, ok bool) {

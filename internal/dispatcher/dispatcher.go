@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/laneway-dev/laneway/pkg/policy"
 	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
@@ -31,6 +32,7 @@ type Dispatcher struct {
 	hasQueue atomic.Bool   // the loop holds queued requests; set by the loop
 	stopped  atomic.Bool   // Run returned: releases are dropped
 	hashBS   atomic.Int64  // the core's BlockSize, published by the loop
+	identity atomic.Pointer[policy.Identity]
 
 	// Loop-owned.
 	core     *sched.Core
@@ -83,6 +85,7 @@ func New(pol *Policy, opts Options) (*Dispatcher, error) {
 	}
 	d.core = core
 	d.hashBS.Store(int64(core.BlockSize()))
+	d.identity.Store(pol.Identity)
 	d.timer = time.NewTimer(time.Hour)
 	d.timer.Stop()
 	return d, nil

@@ -72,8 +72,9 @@ type Observer interface {
 	Dispatched(class string, queued bool, wait time.Duration)
 	// Rejected: a request was answered with an error; reason is one of
 	// queue_limit_requests, queue_limit_raw_isl_tokens,
-	// queue_limit_cached_tokens, shed, no_endpoints, shutting_down,
-	// cancelled.
+	// queue_limit_cached_tokens, queue_limit_tenants,
+	// tenant_limit_requests, tenant_limit_raw_isl_tokens, shed,
+	// no_endpoints, shutting_down, cancelled.
 	Rejected(class string, reason string)
 }
 

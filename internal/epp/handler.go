@@ -11,6 +11,7 @@ import (
 	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/extproc"
+	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
 // RequestParser turns a request into the parts of a ticket that come from
@@ -37,6 +38,9 @@ type Handler struct {
 	// Hooks, when set, hash prompts for the prefix index and see every
 	// routed request (metrics, priority forwarding).
 	Hooks RequestHooks
+	// Identity, when set, returns the policy's identity source (SPEC §14)
+	// for each request; nil or a nil answer means none.
+	Identity func() *policy.Identity
 }
 
 var _ extproc.Decider = (*Handler)(nil)
@@ -56,6 +60,11 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 		return extproc.Decision{}, &extproc.Reply{Status: http.StatusBadRequest, Reason: "malformed_body", Message: err.Error()}
 	}
 	t.Allow, t.HasAllow = allowList(req)
+	var id *policy.Identity
+	if h.Identity != nil {
+		id = h.Identity()
+	}
+	t.Tenant = tenantOf(req, id)
 	g, err := h.Dispatcher.Acquire(ctx, t)
 	if err != nil {
 		// After the caller's own cancellation the loop may still read the
@@ -159,4 +168,24 @@ func jsonReply(status int, reason, msg string, details map[string]any) *extproc.
 	}
 	b, _ := json.Marshal(body) // maps of strings and numbers always marshal
 	return &extproc.Reply{Status: status, Reason: reason, Message: msg, Body: b}
+}
+
+// tenantOf is the request's tenant identity (SPEC §14): from the
+// identity source when the policy has one (the forwarded metadata field,
+// then the gateway's header), else from the x-laneway-tenant header a
+// client may set. "" when there is none; the policy names such requests'
+// tenant.
+func tenantOf(req *extproc.Request, id *policy.Identity) string {
+	if id == nil {
+		return strings.TrimSpace(req.Headers[policy.TenantHeader])
+	}
+	if id.MetadataNamespace != "" {
+		if v, ok := req.MetadataString(id.MetadataNamespace, id.MetadataPath); ok && v != "" {
+			return v
+		}
+	}
+	if id.Header != "" {
+		return strings.TrimSpace(req.Headers[id.Header])
+	}
+	return ""
 }

@@ -251,7 +251,7 @@ func (in *intel) Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatche
 	if !in.opts.ForwardPriority || !t.HasPriority {
 		return nil
 	}
-	v, ok := policy.ForwardPriority(g.Engine, t.Priority)
+	v, ok := policy.ForwardPriority(g.Engine, t.EffectivePriority()) // as its tenant may have it
 	if !ok {
 		return nil
 	}

@@ -48,6 +48,7 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 	log.Info("endpoint picker serving", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr,
 		"tls", opts.SecureServing, "endpoints", len(eps), "classes", len(compiled.Classes))
 	logClasses(log, compiled)
+	log.Info("tenants: " + compiled.Identity().String())
 	srv.SetReady(true)
 	if opts.PolicyConfig == "" {
 		return srv.Run(ctx)

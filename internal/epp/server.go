@@ -112,7 +112,7 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	s.grpcSrv = grpc.NewServer(creds...)
 	notReady := ReasonNotReady
 	s.notServing.Store(&notReady) // health is set up below
-	s.ext = extproc.NewServer(&Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel}, extproc.Options{
+	s.ext = extproc.NewServer(&Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel, Identity: d.Identity}, extproc.Options{
 		MaxBodyBytes:   opts.MaxBodyBytes,
 		Logger:         log.WithName("extproc"),
 		Observer:       s.metrics,

@@ -644,7 +644,9 @@ func (s *Scheduler) SetClasses(classes []ClassConfig, classify func(*Item) int) 
 
 // SetClassesTenants is SetClasses where classify also gives each queued
 // item its tenant in the new set (a changed weight or limit, a new name).
-// Tenant DRR credit restarts from zero: it belongs to the old ring.
+// classify may also change the item's Priority and StrictPriority (a new
+// cap): items are ordered again from their Request. Tenant DRR credit
+// restarts from zero: it belongs to the old ring.
 func (s *Scheduler) SetClassesTenants(classes []ClassConfig, classify func(*Item) (int, Tenant)) error {
 	cs, err := buildClasses(classes)
 	if err != nil {

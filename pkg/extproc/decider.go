@@ -3,6 +3,9 @@ package extproc
 import (
 	"context"
 	"strconv"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // Request is what the gateway told us about one HTTP request.
@@ -23,6 +26,30 @@ type Request struct {
 	// TestEndpoints is the conformance header test-epp-endpoint-selection split
 	// on commas; nil means the header was absent or empty.
 	TestEndpoints []string
+	// Metadata is the metadata_context the gateway forwarded with the
+	// request headers (its forwarding namespaces; nil when none). It is
+	// where a JWT filter's claims arrive (MetadataString).
+	Metadata *corev3.Metadata
+}
+
+// MetadataString returns the string at path inside the forwarded filter
+// metadata namespace ns (each key but the last names a nested struct), and
+// whether there is one. A number is not a string: identities are strings.
+func (r *Request) MetadataString(ns string, path []string) (string, bool) {
+	st := r.Metadata.GetFilterMetadata()[ns]
+	if st == nil || len(path) == 0 {
+		return "", false
+	}
+	for _, k := range path[:len(path)-1] {
+		if st = st.GetFields()[k].GetStructValue(); st == nil {
+			return "", false
+		}
+	}
+	v, ok := st.GetFields()[path[len(path)-1]].GetKind().(*structpb.Value_StringValue)
+	if !ok {
+		return "", false
+	}
+	return v.StringValue, true
 }
 
 // Decision is the decider's answer for a routable request.

@@ -114,7 +114,8 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 	}
 	st.gotHeader = true
 	st.req.Headers = headerMap(h.GetHeaders())
-	st.req.Subset, st.req.HasSubset = subsetHint(msg.GetMetadataContext())
+	st.req.Metadata = msg.GetMetadataContext()
+	st.req.Subset, st.req.HasSubset = subsetHint(st.req.Metadata)
 	if v, ok := st.req.Headers[HeaderTestEndpointSelection]; ok {
 		st.conformance = true
 		st.req.TestEndpoints = splitList(nil, v)

@@ -186,6 +186,7 @@ func (c *Core) Admit(now int64, r *Request) {
 		return
 	}
 	t := r.Ticket
+	c.pol.grant(t)
 	t.Class = c.pol.resolve(t)
 	if err := c.resolveAllow(r); err != nil {
 		c.reject(r, err, ReasonNoEndpoints)
@@ -200,21 +201,21 @@ func (c *Core) Admit(now int64, r *Request) {
 		return
 	}
 	r.arrival = now
-	item, err := c.q.Offer(drr.Request{
+	item, err := c.q.OfferTenant(drr.Request{
 		Class:          int32(t.Class),
 		Pinned:         r.pinned,
 		RawISL:         t.RawISL,
 		Cached:         t.Cached,
-		Priority:       t.Priority,
-		StrictPriority: t.Strict,
+		Priority:       t.EffectivePriority(),
+		StrictPriority: t.EffectiveStrict(),
 		Arrival:        now,
 		Payload:        r,
-	}, len(c.reg.live), v == drr.Blocked)
+	}, t.Grant.Tenant, len(c.reg.live), v == drr.Blocked)
 	if err != nil {
 		reason := ReasonQueueLimit
 		var rej *drr.Rejection
 		if errors.As(err, &rej) {
-			reason += "_" + string(rej.Kind)
+			reason = rejectionReason(rej)
 		}
 		c.reject(r, err, reason)
 		return
@@ -289,6 +290,8 @@ func (c *Core) leave(r *Request, l Leave) {
 	}
 	l.Req = r
 	l.Class = c.ClassName(r.Ticket.Class)
+	l.Tenant = r.Ticket.Grant.Name
+	l.Uncached = r.Ticket.Uncached()
 	c.out = append(c.out, l)
 }
 
@@ -303,10 +306,13 @@ func (c *Core) SetPolicy(p *Policy) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	err := c.q.SetClasses(p.Classes, func(it *drr.Item) int {
+	err := c.q.SetClassesTenants(p.Classes, func(it *drr.Item) (int, drr.Tenant) {
 		t := it.Payload.(*Request).Ticket
+		p.grant(t)
 		t.Class = p.resolve(t)
-		return t.Class
+		// The new grant's caps order the request from now on.
+		it.Priority, it.StrictPriority = t.EffectivePriority(), t.EffectiveStrict()
+		return t.Class, t.Grant.Tenant
 	})
 	if err != nil {
 		return fmt.Errorf("applying policy: %w", err)

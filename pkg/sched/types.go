@@ -17,17 +17,28 @@ type Policy struct {
 	Busy    []policy.BusyTest
 	// Resolve maps a ticket to an index of Classes. It runs on the core's
 	// goroutine, also for queued tickets when the policy changes, so it must
-	// be fast and must not block. An index out of range means class 0.
+	// be fast and must not block. An index out of range means class 0. It
+	// runs after Grant, so it may read t.Grant.
 	Resolve func(t *Ticket) int
+	// Grant, when set, resolves a ticket's tenant (SPEC §14): its queue
+	// identity, weight and limits, its allowed classes and hint caps. Nil:
+	// no tenants, hints as sent. Same rules as Resolve.
+	Grant func(t *Ticket) policy.TenantGrant
+	// Identity is where the policy says a request's tenant identity comes
+	// from; nil: the x-laneway-tenant header, trusted. The request path
+	// reads it to fill Ticket.Tenant.
+	Identity *policy.Identity
 }
 
 // FromCompiled adapts a compiled policy: classes resolve by the ticket's
 // model, class header and uncached tokens (SPEC §2).
 func FromCompiled(c *policy.Compiled) *Policy {
 	return &Policy{
-		Classes: c.Classes,
-		Busy:    c.Busy,
-		Resolve: func(t *Ticket) int { return c.Resolve(t.Model, t.ClassHeader, t.Uncached()) },
+		Classes:  c.Classes,
+		Busy:     c.Busy,
+		Resolve:  func(t *Ticket) int { return c.ResolveFor(t.Model, t.ClassHeader, t.Uncached(), &t.Grant) },
+		Grant:    func(t *Ticket) policy.TenantGrant { return c.Grant(t.Tenant) },
+		Identity: c.Identity(),
 	}
 }
 
@@ -44,6 +55,25 @@ func (p *Policy) Validate() error {
 		return errors.New("policy has no resolver")
 	}
 	return nil
+}
+
+// grant sets the ticket's tenant grant (the zero grant without tenants).
+func (p *Policy) grant(t *Ticket) {
+	if p.Grant == nil {
+		t.Grant = policy.TenantGrant{}
+		return
+	}
+	t.Grant = p.Grant(t)
+}
+
+// rejectionReason is the metrics reason of a queue-limit rejection:
+// queue_limit_<kind> for the class's limits and its tenant bound,
+// tenant_limit_<kind> for a tenant's own.
+func rejectionReason(r *drr.Rejection) string {
+	if r.Tenant != "" && r.Kind != drr.LimitTenants {
+		return ReasonTenantLimit + "_" + string(r.Kind)
+	}
+	return ReasonQueueLimit + "_" + string(r.Kind)
 }
 
 // resolve is Resolve with out-of-range answers mapped to class 0.
@@ -83,12 +113,27 @@ type Ticket struct {
 	// request is pinned to that endpoint's exact lane.
 	Allow    []string
 	HasAllow bool
+	// Tenant is who the request is for (SPEC §14): the identity the
+	// policy's identity source gave, or without one the x-laneway-tenant
+	// header; "" when the request brought none.
+	Tenant string
 	// Class is the resolved class index, set by the core.
 	Class int
+	// Grant is the tenant's grant under the policy in force, set by the
+	// core before the class is resolved.
+	Grant policy.TenantGrant
 }
 
 // Uncached is the ticket's uncached prompt tokens (SPEC §1).
 func (t *Ticket) Uncached() uint64 { return drr.Uncached(t.RawISL, t.Cached) }
+
+// EffectivePriority is the soft priority as its tenant may have it (the
+// hint clamped to the grant's cap): what orders the queue and what may be
+// forwarded to the engine.
+func (t *Ticket) EffectivePriority() int32 { return t.Grant.CapPriority(t.Priority) }
+
+// EffectiveStrict is the strict tier as its tenant may have it.
+func (t *Ticket) EffectiveStrict() uint32 { return t.Grant.CapStrict(t.Strict) }
 
 // Endpoint is one model-server endpoint (pod × target port) in a snapshot
 // handed to SetEndpoints.
@@ -151,7 +196,8 @@ var ErrCancelled = errors.New("request cancelled by its caller while queued")
 // Reasons name why a request was answered with an error, as the
 // laneway_rejections_total reason label spells them.
 const (
-	ReasonQueueLimit   = "queue_limit" // prefix: the limit kind follows after "_"
+	ReasonQueueLimit   = "queue_limit"  // prefix: the limit kind follows after "_"
+	ReasonTenantLimit  = "tenant_limit" // prefix: a tenant's own limit, the kind after "_"
 	ReasonShed         = "shed"
 	ReasonNoEndpoints  = "no_endpoints"
 	ReasonShuttingDown = "shutting_down"
@@ -172,8 +218,12 @@ type Leave struct {
 	// Reason is the metrics reason of Err (see the Reason constants; limit
 	// rejections say queue_limit_<kind>).
 	Reason string
-	// Class is the name of the request's class when it left.
-	Class string
+	// Class is the name of the request's class when it left; Tenant its
+	// tenant in the queue ("" when the policy tracks none) and Uncached
+	// its uncached prompt tokens (what a grant charges).
+	Class    string
+	Tenant   string
+	Uncached uint64
 	// Queued says the request waited in the queue; Wait is how long
 	// (0 for a direct grant).
 	Queued bool
