@@ -18,6 +18,7 @@ import (
 const usage = `usage:
   laneway validate FILE
   laneway convert FILE --pool NAME [--namespace NS]
+  laneway status --epp HOST:PORT [--watch] [--output json]
 `
 
 // Exit codes.
@@ -43,6 +44,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runValidate(args[1:], stdout, stderr)
 	case "convert":
 		return runConvert(args[1:], stdout, stderr)
+	case "status":
+		return runStatus(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

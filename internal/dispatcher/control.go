@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
@@ -73,6 +74,25 @@ func (d *Dispatcher) Identity() *policy.Identity { return d.identity.Load() }
 func (d *Dispatcher) Snapshot() (s Snapshot, ok bool) {
 	ok = d.call(func() { s = d.core.Snapshot() })
 	return s, ok
+}
+
+// Status is a Snapshot with each class's tenants that queue the most
+// tokens (same order as Snapshot.Classes), for the status page.
+type Status struct {
+	Snapshot
+	TopTenants [][]drr.TenantStats
+}
+
+// Status returns the Snapshot and up to topN tenants per class.
+func (d *Dispatcher) Status(topN int) (st Status, ok bool) {
+	ok = d.call(func() {
+		st.Snapshot = d.core.Snapshot()
+		st.TopTenants = make([][]drr.TenantStats, len(st.Classes))
+		for i := range st.Classes {
+			st.TopTenants[i] = d.core.TopTenants(i, topN)
+		}
+	})
+	return st, ok
 }
 
 // Shutdown stops admitting: queued requests and every later Acquire are

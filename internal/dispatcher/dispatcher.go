@@ -14,11 +14,12 @@ import (
 // Create it with New, start Run, then call Acquire from any number of
 // request goroutines.
 type Dispatcher struct {
-	cmds  chan command
-	done  chan struct{} // closed when Run returns
-	start time.Time
-	obs   Observer
-	onEps func([]Endpoint)
+	cmds    chan command
+	done    chan struct{} // closed when Run returns
+	start   time.Time
+	obs     Observer
+	onEps   func([]Endpoint)
+	onLeave func(*sched.Leave)
 
 	// Response-path events (Grant.FirstByte, Grant.Done) go to a mailbox,
 	// not the command channel: the loop applies them before every command,
@@ -73,7 +74,7 @@ var waiters = sync.Pool{New: func() any { return &waiter{reply: make(chan result
 // New returns a dispatcher scheduling with pol.
 func New(pol *Policy, opts Options) (*Dispatcher, error) {
 	d := &Dispatcher{cmds: make(chan command, 1024), done: make(chan struct{}), relWake: make(chan struct{}, 1),
-		start: time.Now(), obs: opts.Observer, onEps: opts.OnEndpoints}
+		start: time.Now(), obs: opts.Observer, onEps: opts.OnEndpoints, onLeave: opts.OnLeave}
 	if d.obs == nil {
 		d.obs = nopObserver{}
 	}
@@ -142,11 +143,16 @@ func (d *Dispatcher) handle(c command) {
 // timer for the next wait-budget expiry. Every loop turn ends with one, so
 // no state change is left undrained.
 func (d *Dispatcher) flush() {
-	for _, l := range d.core.Drain(d.now()) {
+	leaves := d.core.Drain(d.now())
+	for i := range leaves {
+		l := &leaves[i]
 		if l.Grant != nil {
 			d.obs.Dispatched(l.Class, l.Queued, l.Wait)
 		} else {
 			d.obs.Rejected(l.Class, l.Reason)
+		}
+		if d.onLeave != nil {
+			d.onLeave(l)
 		}
 		l.Req.Owner.(*waiter).reply <- result{l.Grant, l.Err} // buffered: the loop's last use of it
 	}

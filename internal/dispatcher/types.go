@@ -62,6 +62,10 @@ type Options struct {
 	// scraper starts and stops its targets here, in Kubernetes mode too).
 	// It must not modify the slice.
 	OnEndpoints func([]Endpoint)
+	// OnLeave, when set, sees every decision whole (tenant, tokens, wait)
+	// on the loop goroutine, after the Observer; it must not block or keep
+	// l.
+	OnLeave func(l *sched.Leave)
 }
 
 // Observer receives the dispatcher's per-request events for metrics. Its

@@ -141,12 +141,16 @@ func replyFor(err error) error {
 	var none *dispatcher.NoEndpointError
 	switch {
 	case errors.As(err, &rej):
-		return jsonReply(http.StatusTooManyRequests, "queue_limit", rej.Error(), map[string]any{
+		details := map[string]any{
 			"policy_class": rej.Class,
 			"limit_kind":   string(rej.Kind),
 			"current":      rej.Current,
 			"limit":        rej.Limit,
-		})
+		}
+		if rej.Tenant != "" { // a tenant's own limit, or the class's tenant bound
+			details["tenant"] = rej.Tenant
+		}
+		return jsonReply(http.StatusTooManyRequests, "queue_limit", rej.Error(), details)
 	case errors.As(err, &shed):
 		return jsonReply(http.StatusTooManyRequests, "shed", shed.Error(), map[string]any{
 			"policy_class":   shed.Class,

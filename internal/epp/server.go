@@ -25,6 +25,7 @@ import (
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/internal/metrics"
+	"github.com/laneway-dev/laneway/internal/status"
 	"github.com/laneway-dev/laneway/internal/tlsutil"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
@@ -48,6 +49,7 @@ type Server struct {
 	disp    *dispatcher.Dispatcher
 	health  *health.Server
 	metrics *metrics.Metrics
+	status  *status.Tracker // the status page's window
 	reg     *prometheus.Registry
 	intel   *intel
 	// ext is the ext_proc stream handler registered on grpcSrv.
@@ -85,7 +87,8 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	s := &Server{opts: opts, log: log, reg: prometheus.NewRegistry()}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = metrics.New(s.reg, "")
-	dopts := dispatcher.Options{Observer: s.metrics}
+	s.status = status.NewTracker()
+	dopts := dispatcher.Options{Observer: s.metrics, OnLeave: s.status.Record}
 	dopts.MaxFallbacks = opts.MaxFallbacks
 	s.intel = newIntel(opts, log)
 	s.intel.configure(&dopts)
@@ -131,6 +134,8 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.Handle(status.Path, status.Handler(d, s.status))
+	s.reg.MustRegister(status.Collector{T: s.status})
 	s.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 
 	type listener struct {

@@ -85,6 +85,10 @@ type RequestSpec struct {
 	Trailers http.Header
 	// Subset, when non-nil, is sent as the subset hint filter metadata.
 	Subset *SubsetHint
+	// Metadata, when non-nil, is more forwarded filter metadata by
+	// namespace (what Envoy's metadata_options.forwarding_namespaces
+	// sends, e.g. a JWT filter's claims).
+	Metadata map[string]*structpb.Struct
 }
 
 // SubsetHint is the envoy.lb.subset_hint filter metadata of a request.
@@ -293,6 +297,14 @@ func (ex *Exchange) headersMessage(s *RequestSpec, eos bool) *extprocv3.Processi
 		msg.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
 			extproc.MetadataNamespaceSubset: {Fields: map[string]*structpb.Value{extproc.MetadataKeySubset: v}},
 		}}
+	}
+	if len(s.Metadata) > 0 {
+		if msg.MetadataContext == nil {
+			msg.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{}}
+		}
+		for ns, st := range s.Metadata {
+			msg.MetadataContext.FilterMetadata[ns] = st
+		}
 	}
 	return msg
 }

@@ -76,6 +76,7 @@ const (
 	CmdEpp      = "epp"
 	CmdModelsim = "modelsim"
 	CmdGateway  = "gateway"
+	CmdLaneway  = "laneway"
 )
 
 // Binaries are the paths of the module's commands that the launcher
@@ -88,19 +89,23 @@ type Binaries struct {
 	Modelsim string
 	// Gateway is cmd/gateway, the local ext_proc gateway.
 	Gateway string
+	// Laneway is cmd/laneway, the operator CLI.
+	Laneway string
 }
 
-// InDir returns the binaries called epp, modelsim and gateway in dir, as
+// InDir returns the binaries called epp, modelsim, gateway and laneway in dir, as
 // `go build -o dir/ ./cmd/...` leaves them.
 func InDir(dir string) Binaries {
 	return Binaries{
 		Epp:      filepath.Join(dir, CmdEpp),
 		Modelsim: filepath.Join(dir, CmdModelsim),
 		Gateway:  filepath.Join(dir, CmdGateway),
+		Laneway:  filepath.Join(dir, CmdLaneway),
 	}
 }
 
-// Build builds the named commands (CmdEpp, CmdModelsim, CmdGateway) into
+// Build builds the named commands (CmdEpp, CmdModelsim, CmdGateway,
+// CmdLaneway) into
 // dir. raceEPP builds the picker with the race detector, so that a data
 // race in the binary under test fails the suite (its log shows the
 // report); the helpers are built plain, which is faster.
@@ -115,8 +120,10 @@ func Build(dir string, raceEPP bool, cmds ...string) (Binaries, error) {
 			dst = &b.Modelsim
 		case CmdGateway:
 			dst = &b.Gateway
+		case CmdLaneway:
+			dst = &b.Laneway
 		default:
-			return Binaries{}, fmt.Errorf("build %q: not one of %s, %s, %s", name, CmdEpp, CmdModelsim, CmdGateway)
+			return Binaries{}, fmt.Errorf("build %q: not one of %s, %s, %s, %s", name, CmdEpp, CmdModelsim, CmdGateway, CmdLaneway)
 		}
 		bin, err := BuildPackage(dir, "./cmd/"+name, raceEPP && name == CmdEpp)
 		if err != nil {

@@ -110,6 +110,8 @@ var (
 		"Raw prompt tokens of the requests waiting in a policy-class queue.", []string{"model", "worker_type", "policy_class"}, nil)
 	pendingCachedDesc = prometheus.NewDesc("dynamo_frontend_router_queue_pending_cached_tokens",
 		"Prefix-cached prompt tokens of the requests waiting in a policy-class queue.", []string{"model", "worker_type", "policy_class"}, nil)
+	tenantsDesc = prometheus.NewDesc("laneway_tenants_active",
+		"Tenants with requests queued in a policy class.", []string{"policy_class"}, nil)
 	deficitDesc = prometheus.NewDesc("laneway_class_deficit_tokens",
 		"DRR credit a policy class has earned and not spent, in uncached tokens.", []string{"policy_class"}, nil)
 	activePrefillDesc = prometheus.NewDesc("laneway_endpoint_active_prefill_tokens",
@@ -122,7 +124,7 @@ var (
 type collector Metrics
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pendingReqDesc, pendingISLDesc, pendingCachedDesc, deficitDesc, activePrefillDesc, inFlightDesc} {
+	for _, d := range []*prometheus.Desc{pendingReqDesc, pendingISLDesc, pendingCachedDesc, deficitDesc, tenantsDesc, activePrefillDesc, inFlightDesc} {
 		ch <- d
 	}
 }
@@ -143,6 +145,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(pendingISLDesc, prometheus.GaugeValue, float64(cl.PendingRawISL), c.model, WorkerType, cl.Name)
 		ch <- prometheus.MustNewConstMetric(pendingCachedDesc, prometheus.GaugeValue, float64(cl.PendingCached), c.model, WorkerType, cl.Name)
 		ch <- prometheus.MustNewConstMetric(deficitDesc, prometheus.GaugeValue, float64(cl.Deficit), cl.Name)
+		ch <- prometheus.MustNewConstMetric(tenantsDesc, prometheus.GaugeValue, float64(cl.Tenants), cl.Name)
 	}
 	for _, e := range s.Endpoints {
 		ch <- prometheus.MustNewConstMetric(activePrefillDesc, prometheus.GaugeValue, float64(e.ActivePrefill), e.Addr)

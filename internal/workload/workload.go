@@ -37,6 +37,20 @@ type Spec struct {
 	Progress func(done, total int)
 	// Seed makes prompts distinct across runs.
 	Seed int
+	// Mix, when set, replaces Classes, PerClass and PromptTokens: groups
+	// of requests with their own count, prompt length and headers (for
+	// example one tenant each), released together and interleaved one
+	// request of each group in turn while it has any left.
+	Mix []Group
+}
+
+// Group is one part of a Mix. Completion.Class is its Label.
+type Group struct {
+	Label        string
+	Count        int
+	PromptTokens int
+	// Headers are sent with each of its requests.
+	Headers map[string]string
 }
 
 // Completion is one finished request.
@@ -61,27 +75,48 @@ type Result struct {
 // Run releases every request at once, interleaved across classes, and
 // waits for all of them (or ctx).
 func Run(ctx context.Context, s Spec) (*Result, error) {
-	if s.PerClass <= 0 || len(s.Classes) == 0 || s.PromptTokens <= 0 {
-		return nil, errors.New("workload: need classes, PerClass > 0 and PromptTokens > 0")
-	}
 	if s.ClassHeader == "" {
 		s.ClassHeader = "x-dynamo-meta-policy-class"
+	}
+	if len(s.Mix) == 0 {
+		if s.PerClass <= 0 || len(s.Classes) == 0 || s.PromptTokens <= 0 {
+			return nil, errors.New("workload: need classes, PerClass > 0 and PromptTokens > 0, or a Mix")
+		}
+		for _, c := range s.Classes {
+			s.Mix = append(s.Mix, Group{Label: c, Count: s.PerClass, PromptTokens: s.PromptTokens,
+				Headers: map[string]string{s.ClassHeader: c}})
+		}
 	}
 	client := s.Client
 	if client == nil {
 		client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0}}
 	}
-	total := s.PerClass * len(s.Classes)
 	type job struct {
-		class string
-		body  []byte
+		g    *Group
+		body []byte
 	}
-	jobs := make([]job, 0, total)
-	for i := 0; i < s.PerClass; i++ {
-		for _, class := range s.Classes {
-			jobs = append(jobs, job{class, promptBody(s.Model, s.Seed, len(jobs), s.PromptTokens)})
+	stride := 0 // the longest prompt: prompts start stride token ids apart
+	for _, g := range s.Mix {
+		stride = max(stride, g.PromptTokens)
+	}
+	var jobs []job
+	for i := 0; ; i++ {
+		added := false
+		for gi := range s.Mix {
+			g := &s.Mix[gi]
+			if g.PromptTokens <= 0 {
+				return nil, fmt.Errorf("workload: group %q needs PromptTokens > 0", g.Label)
+			}
+			if i < g.Count {
+				jobs = append(jobs, job{g, promptBodyAt(s.Model, s.Seed, len(jobs)*stride, g.PromptTokens)})
+				added = true
+			}
+		}
+		if !added {
+			break
 		}
 	}
+	total := len(jobs)
 	var (
 		mu    sync.Mutex
 		res   = &Result{Spec: s}
@@ -94,7 +129,7 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			<-gate
-			c := send(ctx, client, s, j.class, j.body)
+			c := send(ctx, client, s, j.g, j.body)
 			c.At = time.Since(start)
 			mu.Lock()
 			res.Completions = append(res.Completions, c)
@@ -115,12 +150,18 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 // promptBody is a streaming completions request whose prompt is n-th
 // distinct token-id sequence of the run: exact length, no shared prefix.
 func promptBody(model string, seed, n, tokens int) []byte {
+	return promptBodyAt(model, seed, n*tokens, tokens)
+}
+
+// promptBodyAt is promptBody for the prompt of tokens ids starting at
+// offset (prompts of a run take disjoint ranges).
+func promptBodyAt(model string, seed, offset, tokens int) []byte {
 	var b bytes.Buffer
 	b.WriteString(`{"model":`)
 	mb, _ := json.Marshal(model)
 	b.Write(mb)
 	b.WriteString(`,"max_tokens":1,"stream":true,"prompt":[`)
-	base := 1_000_000*(seed+1) + n*tokens
+	base := 1_000_000*(seed+1) + offset
 	for i := 0; i < tokens; i++ {
 		if i > 0 {
 			b.WriteByte(',')
@@ -131,15 +172,17 @@ func promptBody(model string, seed, n, tokens int) []byte {
 	return b.Bytes()
 }
 
-func send(ctx context.Context, client *http.Client, s Spec, class string, body []byte) Completion {
-	c := Completion{Class: class}
+func send(ctx context.Context, client *http.Client, s Spec, g *Group, body []byte) Completion {
+	c := Completion{Class: g.Label}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL, bytes.NewReader(body))
 	if err != nil {
 		c.Err = err
 		return c
 	}
 	req.Header.Set("content-type", "application/json")
-	req.Header.Set(s.ClassHeader, class)
+	for k, v := range g.Headers {
+		req.Header.Set(k, v)
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		c.Err = err

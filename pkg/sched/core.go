@@ -1,8 +1,10 @@
 package sched
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/laneway-dev/laneway/pkg/drr"
@@ -291,6 +293,7 @@ func (c *Core) leave(r *Request, l Leave) {
 	l.Req = r
 	l.Class = c.ClassName(r.Ticket.Class)
 	l.Tenant = r.Ticket.Grant.Name
+	l.Weight = max(1, r.Ticket.Grant.Weight)
 	l.Uncached = r.Ticket.Uncached()
 	c.out = append(c.out, l)
 }
@@ -361,6 +364,7 @@ func (c *Core) Snapshot() Snapshot {
 		es := EndpointSnapshot{
 			Addr: e.addr, ActivePrefill: e.activePrefill, InFlight: e.inFlight, Tainted: e.tainted,
 			Stale: e.stale, UnseenWaiting: e.unseenWaiting, UnseenPrefill: e.unseenPrefill,
+			EngineWaiting: e.waiting, MaxBatchedTokens: e.maxBatched, Busy: c.busyEverywhere(e),
 		}
 		if c.index != nil {
 			es.IndexTokens = c.index.Stats(int(id)).Tokens
@@ -368,4 +372,51 @@ func (c *Core) Snapshot() Snapshot {
 		s.Endpoints = append(s.Endpoints, es)
 	}
 	return s
+}
+
+// busyEverywhere reports whether e is busy for every class that queues
+// (stale counts as busy): no queued request can go there now.
+func (c *Core) busyEverywhere(e *endpoint) bool {
+	if e.stale {
+		return true
+	}
+	any := false
+	for i := range c.pol.Classes {
+		if !c.pol.Classes[i].Queueing {
+			continue
+		}
+		if !c.busy(e, i) {
+			return false
+		}
+		any = true
+	}
+	return any
+}
+
+// TopTenants returns up to n tenants of class i with the most queued raw
+// prompt tokens, most first (ties by name). O(T log n) for T tenants.
+func (c *Core) TopTenants(i, n int) []drr.TenantStats {
+	if i < 0 || i >= c.q.NumClasses() || n <= 0 {
+		return nil
+	}
+	var top []drr.TenantStats
+	c.q.Tenants(i, func(t drr.TenantStats) {
+		j, _ := slices.BinarySearchFunc(top, t, tenantOrder)
+		if j >= n {
+			return
+		}
+		top = slices.Insert(top, j, t)
+		if len(top) > n {
+			top = top[:n]
+		}
+	})
+	return top
+}
+
+// tenantOrder sorts tenants by queued raw tokens, most first, then name.
+func tenantOrder(a, b drr.TenantStats) int {
+	if a.PendingRawISL != b.PendingRawISL {
+		return cmp.Compare(b.PendingRawISL, a.PendingRawISL)
+	}
+	return cmp.Compare(a.Name, b.Name)
 }

@@ -223,6 +223,7 @@ type Leave struct {
 	// its uncached prompt tokens (what a grant charges).
 	Class    string
 	Tenant   string
+	Weight   uint64 // the tenant's DRR weight (1 without tenants)
 	Uncached uint64
 	// Queued says the request waited in the queue; Wait is how long
 	// (0 for a direct grant).
@@ -245,6 +246,13 @@ type EndpointSnapshot struct {
 	UnseenPrefill uint64
 	// IndexTokens is the prompt tokens the prefix index remembers for it.
 	IndexTokens uint64
+	// EngineWaiting is the engine's whole waiting queue at its last fresh
+	// scrape (0 without scraping); MaxBatchedTokens its
+	// max_num_batched_tokens (0 unknown).
+	EngineWaiting    int
+	MaxBatchedTokens uint64
+	// Busy: stale, or busy for every class that queues.
+	Busy bool
 }
 
 // Snapshot is the core's state at one instant.

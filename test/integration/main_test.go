@@ -12,5 +12,5 @@ import (
 var bins launch.Binaries
 
 func TestMain(m *testing.M) {
-	launch.BuildAndRun(m, &bins, "laneway-integration", launch.RaceFromEnv(), launch.CmdEpp)
+	launch.BuildAndRun(m, &bins, "laneway-integration", launch.RaceFromEnv(), launch.CmdEpp, launch.CmdLaneway)
 }

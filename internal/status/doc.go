@@ -1,0 +1,13 @@
+// Package status is the picker's live view of its queues for people and
+// scripts (SPEC §14): what each class holds, who is waiting, who was served
+// in the last minute and how fairly, and the endpoints' load. It serves
+// the JSON of /debug/status on the metrics port, which `laneway status`
+// reads, and the two gauges derived from the same window
+// (laneway_tenant_fairness_jain).
+//
+// Tenants never become Prometheus labels (their number is unbounded); they
+// appear here, the top few per class. The Tracker keeps one minute of
+// decisions as per-second buckets per class: O(distinct tenants served per
+// second) memory each, so a minute of 3,000 requests/s from 10 tenants is
+// a few thousand map entries, not 180,000 records.
+package status

@@ -1,0 +1,238 @@
+package status
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/laneway-dev/laneway/pkg/sched"
+)
+
+// Window is how far back the Tracker looks.
+const Window = time.Minute
+
+// Tracker records the picker's decisions for the status page. Record runs
+// on the dispatcher's loop; reads come from HTTP handlers and scrapes.
+type Tracker struct {
+	mu      sync.Mutex
+	now     func() time.Time
+	classes map[string]*classWindow
+}
+
+// classWindow is one class's last minute, one bucket per second (a ring
+// indexed by the second modulo its length).
+type classWindow struct {
+	secs [windowSecs]second
+}
+
+const windowSecs = int(Window / time.Second)
+
+// second is one second of one class's decisions.
+type second struct {
+	at         int64 // unix second the bucket holds; 0 = empty
+	dispatched uint64
+	rejected   uint64
+	waits      hist
+	// served is uncached tokens granted per tenant; backlogged the tenants
+	// with a queued grant; weight the tenant's DRR weight.
+	served     map[string]uint64
+	backlogged map[string]bool
+	weight     map[string]uint64
+}
+
+// NewTracker returns an empty tracker reading the wall clock.
+func NewTracker() *Tracker { return newTracker(time.Now) }
+
+func newTracker(now func() time.Time) *Tracker {
+	return &Tracker{now: now, classes: map[string]*classWindow{}}
+}
+
+// Record takes one decision of the scheduling core (dispatcher
+// Options.OnLeave).
+func (t *Tracker) Record(l *sched.Leave) {
+	at := t.now().Unix()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cw := t.classes[l.Class]
+	if cw == nil {
+		cw = &classWindow{}
+		t.classes[l.Class] = cw
+	}
+	s := &cw.secs[at%int64(windowSecs)]
+	if s.at != at {
+		s.reset(at)
+	}
+	if l.Grant == nil {
+		s.rejected++
+		return
+	}
+	s.dispatched++
+	if l.Queued {
+		s.waits.add(l.Wait)
+	}
+	if l.Tenant == "" {
+		return
+	}
+	if s.served == nil {
+		s.served, s.backlogged, s.weight = map[string]uint64{}, map[string]bool{}, map[string]uint64{}
+	}
+	s.served[l.Tenant] += l.Uncached
+	s.weight[l.Tenant] = l.Weight
+	if l.Queued {
+		s.backlogged[l.Tenant] = true
+	}
+}
+
+func (s *second) reset(at int64) {
+	*s = second{at: at, served: s.served, backlogged: s.backlogged, weight: s.weight}
+	clear(s.served)
+	clear(s.backlogged)
+	clear(s.weight)
+}
+
+// ClassWindow is one class's last minute as the status page shows it.
+type ClassWindow struct {
+	Dispatched uint64
+	Rejected   uint64
+	// WaitP50 and WaitP99 are queue-wait percentiles of the queued grants
+	// (0 when none waited); upper bounds of their histogram bucket.
+	WaitP50, WaitP99 time.Duration
+	// Served is uncached tokens granted per tenant, most first.
+	Served []TenantTokens
+	// Jain is Jain's fairness index over the weight-normalised uncached
+	// tokens served to the tenants that were backlogged (had a queued
+	// grant) in the window: 1 when each got its weight's share, 1/n when
+	// one got everything. NaN when fewer than two tenants were backlogged.
+	Jain float64
+	// Backlogged is how many tenants that index is over.
+	Backlogged int
+}
+
+// TenantTokens is a tenant and a token count.
+type TenantTokens struct {
+	Tenant string
+	Tokens uint64
+}
+
+// Class returns class name's last minute.
+func (t *Tracker) Class(name string) ClassWindow {
+	cutoff := t.now().Unix() - int64(windowSecs)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out ClassWindow
+	cw := t.classes[name]
+	if cw == nil {
+		out.Jain = math.NaN()
+		return out
+	}
+	var h hist
+	served := map[string]uint64{}
+	weight := map[string]uint64{}
+	backlogged := map[string]bool{}
+	for i := range cw.secs {
+		s := &cw.secs[i]
+		if s.at <= cutoff {
+			continue
+		}
+		out.Dispatched += s.dispatched
+		out.Rejected += s.rejected
+		h.merge(&s.waits)
+		for k, v := range s.served {
+			served[k] += v
+			weight[k] = s.weight[k]
+		}
+		for k := range s.backlogged {
+			backlogged[k] = true
+		}
+	}
+	out.WaitP50, out.WaitP99 = h.quantile(0.5), h.quantile(0.99)
+	for k, v := range served {
+		out.Served = append(out.Served, TenantTokens{k, v})
+	}
+	slices.SortFunc(out.Served, func(a, b TenantTokens) int {
+		if a.Tokens != b.Tokens {
+			return cmp.Compare(b.Tokens, a.Tokens)
+		}
+		return cmp.Compare(a.Tenant, b.Tenant)
+	})
+	var xs []float64
+	for k := range backlogged {
+		xs = append(xs, float64(served[k])/float64(max(weight[k], 1)))
+	}
+	out.Backlogged = len(xs)
+	out.Jain = Jain(xs)
+	return out
+}
+
+// Classes lists the classes with decisions in the tracker.
+func (t *Tracker) Classes() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	names := make([]string, 0, len(t.classes))
+	for k := range t.classes {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Jain is Jain's fairness index of xs, (Σx)² / (n·Σx²): 1 for equal
+// values, 1/n when one value holds everything. NaN for fewer than two
+// values or all zero.
+func Jain(xs []float64) float64 {
+	if len(xs) < 2 {
+		return math.NaN()
+	}
+	var sum, sq float64
+	for _, x := range xs {
+		sum += x
+		sq += x * x
+	}
+	if sq == 0 {
+		return math.NaN()
+	}
+	return sum * sum / (float64(len(xs)) * sq)
+}
+
+// hist is a queue-wait histogram with power-of-two millisecond buckets:
+// bucket i counts waits up to 2^i ms (bucket 0: up to 1 ms); the last one
+// everything longer.
+type hist struct{ n [24]uint64 }
+
+func (h *hist) add(d time.Duration) {
+	ms := d.Milliseconds()
+	i := 0
+	for i < len(h.n)-1 && ms > int64(1)<<i {
+		i++
+	}
+	h.n[i]++
+}
+
+func (h *hist) merge(o *hist) {
+	for i, v := range o.n {
+		h.n[i] += v
+	}
+}
+
+// quantile returns the upper bound of the bucket holding quantile q (0
+// when empty).
+func (h *hist) quantile(q float64) time.Duration {
+	var total uint64
+	for _, v := range h.n {
+		total += v
+	}
+	if total == 0 {
+		return 0
+	}
+	rank := uint64(math.Ceil(q * float64(total)))
+	var seen uint64
+	for i, v := range h.n {
+		seen += v
+		if seen >= rank {
+			return time.Duration(int64(1)<<i) * time.Millisecond
+		}
+	}
+	return time.Duration(int64(1)<<(len(h.n)-1)) * time.Millisecond
+}

@@ -1,0 +1,270 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/status"
+)
+
+// trustPolicy binds the tenant vip to premium and every other identity to
+// regular; busy above 100 prefill tokens, so each 150-token request
+// queued behind a busy endpoint is released alone. identity is the YAML
+// of the identity source.
+func trustPolicy(identity string) string {
+	return identity + `
+tenants:
+  - name: vip
+    match: {exact: [vip]}
+    allowed: [premium]
+    default_family: premium
+default_tenant:
+  allowed: [regular]
+  default_family: regular
+default_policy_family: regular
+uncached_isl_buckets: [{min_tokens: 0, bucket: all}]
+policy_classes:
+  - {name: premium, policy_family: premium, cache_bucket: all, queue_policy: fcfs, quantum: 512, prefill_busy_threshold: 100}
+  - {name: regular, policy_family: regular, cache_bucket: all, queue_policy: fcfs, quantum: 128, prefill_busy_threshold: 100}
+`
+}
+
+// jwtClaims is the forwarded metadata a JWT filter writes for subject sub
+// under provider "idp".
+func jwtClaims(sub string) map[string]*structpb.Struct {
+	claims, err := structpb.NewStruct(map[string]any{"idp": map[string]any{"sub": sub, "iss": "test"}})
+	if err != nil {
+		panic(err)
+	}
+	return map[string]*structpb.Struct{"envoy.filters.http.jwt_authn": claims}
+}
+
+// TestTenantCannotClaimPremium is the trust check of SPEC §14 through the
+// real binary, with the identity from a gateway-set header and,
+// separately, from forwarded JWT metadata: callers bound to regular that
+// send x-laneway-policy-class: premium and x-laneway-strict-priority:
+// 4294967295 are served in regular at tier 0, after the premium tenant's
+// requests (which they would precede in premium) and in arrival order
+// inside regular (which their tier would have changed).
+func TestTenantCannotClaimPremium(t *testing.T) {
+	cases := []struct {
+		name     string
+		identity string
+		as       func(s extprocclient.RequestSpec, who string) extprocclient.RequestSpec
+	}{
+		{"header", "identity: {header: x-tenant-id}", func(s extprocclient.RequestSpec, who string) extprocclient.RequestSpec {
+			s.Headers.Set("x-tenant-id", who)
+			return s
+		}},
+		{"jwt metadata", "identity: {metadata: {namespace: envoy.filters.http.jwt_authn, path: [idp, sub]}}", func(s extprocclient.RequestSpec, who string) extprocclient.RequestSpec {
+			s.Metadata = jwtClaims(who)
+			// A client's own identity header means nothing here.
+			s.Headers.Set("x-tenant-id", "vip")
+			return s
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			launch.CheckGoroutines(t)
+			p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, trustPolicy(tc.identity))})
+			if !strings.Contains(p.Log.String(), "tenants: identity from") {
+				t.Errorf("startup log does not say where identity comes from:\n%s", p.Log.Tail(4096))
+			}
+			c := p.Client(t, extprocclient.Options{})
+			holder := mustStart(t, c, tc.as(spec(tokens(500, 0)), "vip"))
+			mustRoute(t, holder)
+
+			ctx := testCtx(t)
+			released := make(chan started, 8)
+			claim := []string{"x-laneway-policy-class", "premium", "x-laneway-strict-priority", "4294967295"}
+			queue := []struct{ name, who string }{
+				{"eve", "eve"}, {"mallory 1", "mallory"}, {"mallory 2", "mallory"}, {"mallory 3", "mallory"},
+				{"vip 1", "vip"}, {"vip 2", "vip"}, {"vip 3", "vip"}, {"vip 4", "vip"},
+			}
+			for i, q := range queue {
+				var hs []string
+				if strings.HasPrefix(q.name, "mallory") {
+					hs = claim
+				}
+				startInto(ctx, c, q.name, tc.as(spec(tokens(150, i+1), hs...), q.who), released)
+				p.Metrics.Await(t, float64(i+1), "dynamo_frontend_router_queue_pending_requests")
+			}
+			if got := p.Metrics.Value(t, "dynamo_frontend_router_queue_pending_requests", "policy_class", "regular"); got != 4 {
+				t.Errorf("regular holds %v queued requests, want eve and mallory's 3", got)
+			}
+			var order []string
+			for range queue {
+				completeStream(t, holder)
+				next := await(t, released)
+				mustRoute(t, next.ex)
+				order = append(order, next.name)
+				holder = next.ex
+			}
+			completeStream(t, holder)
+			want := []string{"vip 1", "vip 2", "vip 3", "vip 4", "eve", "mallory 1", "mallory 2", "mallory 3"}
+			if !slices.Equal(order, want) {
+				t.Errorf("release order:\n got %q\nwant %q", order, want)
+			}
+			for class, n := range map[string]float64{"premium": 4, "regular": 4} {
+				if got := p.Metrics.Value(t, "laneway_dispatches_total", "policy_class", class, "queued", "true"); got != n {
+					t.Errorf("queued dispatches in %s = %v, want %v", class, got, n)
+				}
+			}
+		})
+	}
+}
+
+// TestTenantLimits: a tenant's own queue limit and a class's tenant bound
+// answer 429 whose details name the tenant and the limit.
+func TestTenantLimits(t *testing.T) {
+	launch.CheckGoroutines(t)
+	p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, `
+tenants:
+  - {name: small, match: {exact: [small]}, request_queue_limit: 2}
+policy_classes:
+  - {name: shared, quantum: 100, prefill_busy_threshold: 100, tenant_fairness: true, max_tenants: 2}
+`)})
+	c := p.Client(t, extprocclient.Options{})
+	holder := mustStart(t, c, spec(tokens(500, 0)))
+	mustRoute(t, holder)
+	ctx := testCtx(t)
+	queued := make(chan started, 8)
+	as := func(who string, seed int) extprocclient.RequestSpec {
+		return spec(tokens(150, seed), "x-laneway-tenant", who)
+	}
+	for i, who := range []string{"small", "small", "big"} {
+		startInto(ctx, c, who, as(who, i+1), queued)
+		p.Metrics.Await(t, float64(i+1), "dynamo_frontend_router_queue_pending_requests", "policy_class", "shared")
+	}
+	details := func(ir *extprocclient.ImmediateResponse) map[string]any {
+		var b struct{ Details map[string]any }
+		if err := json.Unmarshal(ir.Body, &b); err != nil {
+			t.Fatalf("429 body %q: %v", ir.Body, err)
+		}
+		return b.Details
+	}
+	check := func(what string, got, want map[string]any) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: details %v, want %v", what, got, want)
+		}
+	}
+	third := mustStart(t, c, as("small", 10))
+	check("third request of small", details(immediate(t, third, 429, "queue_limit")),
+		map[string]any{"policy_class": "shared", "tenant": "small", "limit_kind": "requests", "current": float64(2), "limit": float64(2)})
+	newcomer := mustStart(t, c, as("carol", 11))
+	check("a third tenant", details(immediate(t, newcomer, 429, "queue_limit")),
+		map[string]any{"policy_class": "shared", "tenant": "carol", "limit_kind": "tenants", "current": float64(2), "limit": float64(2)})
+	if got := p.Metrics.Value(t, "laneway_rejections_total", "reason", "tenant_limit_requests"); got != 1 {
+		t.Errorf("tenant_limit_requests rejections = %v, want 1", got)
+	}
+	if got := p.Metrics.Value(t, "laneway_tenants_active", "policy_class", "shared"); got != 2 {
+		t.Errorf("laneway_tenants_active = %v, want 2", got)
+	}
+	for range 3 {
+		completeStream(t, holder)
+		next := await(t, queued)
+		mustRoute(t, next.ex)
+		holder = next.ex
+	}
+	completeStream(t, holder)
+}
+
+// TestLanewayStatus runs `laneway status --output json` against a running
+// picker and checks its numbers: the tenants queued in a class with their
+// requests and tokens, and what each was served in the last minute.
+func TestLanewayStatus(t *testing.T) {
+	launch.CheckGoroutines(t)
+	p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, `
+policy_classes:
+  - {name: shared, quantum: 100, prefill_busy_threshold: 100, tenant_fairness: true}
+`)})
+	c := p.Client(t, extprocclient.Options{})
+	holder := mustStart(t, c, spec(tokens(500, 0), "x-laneway-tenant", "a"))
+	mustRoute(t, holder)
+	ctx := testCtx(t)
+	queued := make(chan started, 8)
+	for i, who := range []string{"a", "b", "a", "b", "a"} {
+		startInto(ctx, c, who, spec(tokens(150+10*i, i+1), "x-laneway-tenant", who), queued)
+		p.Metrics.Await(t, float64(i+1), "dynamo_frontend_router_queue_pending_requests", "policy_class", "shared")
+	}
+	// Queued now: a 150+170+190 = 510 tokens in 3, b 160+180 = 340 in 2.
+	page := lanewayStatus(t, p)
+	cls := page.Classes[0]
+	wantQueued := []status.TenantQueued{{Tenant: "a", Pending: 3, PendingRawISLTokens: 510}, {Tenant: "b", Pending: 2, PendingRawISLTokens: 340}}
+	if cls.Name != "shared" || cls.Pending != 5 || cls.PendingRawISLTokens != 850 || cls.TenantsActive != 2 || !slices.Equal(cls.TopQueued, wantQueued) {
+		t.Fatalf("status before any release: %+v, want 5 queued (850 tokens), tenants %v", cls, wantQueued)
+	}
+	// The first grant went to a directly (500 tokens). Release two more:
+	// the tenant DRR serves a then b.
+	var served []string
+	for range 2 {
+		completeStream(t, holder)
+		next := await(t, queued)
+		mustRoute(t, next.ex)
+		served = append(served, next.name)
+		holder = next.ex
+	}
+	if !slices.Equal(served, []string{"a", "b"}) {
+		t.Fatalf("released %v, want a then b", served)
+	}
+	page = lanewayStatus(t, p)
+	cls = page.Classes[0]
+	wantServed := []status.TenantServed{{Tenant: "a", UncachedTokens: 650}, {Tenant: "b", UncachedTokens: 160}}
+	if cls.Dispatched != 3 || !slices.Equal(cls.TopServed, wantServed) || cls.Pending != 3 {
+		t.Fatalf("status after two releases: dispatched %d, served %v, pending %d; want 3, %v, 3", cls.Dispatched, cls.TopServed, cls.Pending, wantServed)
+	}
+	// Both were backlogged (each had a queued grant): Jain's index over
+	// their tokens, 650 and 160.
+	if want := 810.0 * 810 / (2 * (650*650 + 160*160)); cls.JainIndex == nil || *cls.JainIndex != want || cls.BackloggedTenants != 2 {
+		t.Errorf("jain index %v over %d tenants, want %v over 2", cls.JainIndex, cls.BackloggedTenants, want)
+	}
+	for range 3 {
+		completeStream(t, holder)
+		next := await(t, queued)
+		mustRoute(t, next.ex)
+		holder = next.ex
+	}
+	completeStream(t, holder)
+	table := runLaneway(t, "status", "--epp", p.MetricsAddr)
+	for _, want := range []string{"class shared", "queued by tenant", "served, last minute", "endpoint", "127.0.0.2:8000"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("status table lacks %q:\n%s", want, table)
+		}
+	}
+	for _, line := range strings.Split(table, "\n") {
+		if n := len([]rune(line)); n > 80 {
+			t.Errorf("status line of %d columns: %q", n, line)
+		}
+	}
+}
+
+func lanewayStatus(t *testing.T, p *launch.Picker) status.Page {
+	t.Helper()
+	var page status.Page
+	out := runLaneway(t, "status", "--epp", p.MetricsAddr, "--output", "json")
+	if err := json.Unmarshal([]byte(out), &page); err != nil {
+		t.Fatalf("laneway status --output json: %v\n%s", err, out)
+	}
+	if len(page.Classes) != 1 {
+		t.Fatalf("status page classes %+v, want one", page.Classes)
+	}
+	return page
+}
+
+func runLaneway(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(bins.Laneway, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("laneway %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
