@@ -12,7 +12,7 @@ import (
 	"github.com/laneway-dev/laneway/internal/extprocclient"
 )
 
-// TestCommands starts the module's three commands as the suites do: a
+// TestCommands builds the module's four commands and starts three as the suites do: a
 // simulator, a TLS picker routing to it and the gateway in front, and
 // checks what the launcher learnt (addresses from the log lines, TLS) by
 // using it: a completion through the gateway, the picker's and the
@@ -20,7 +20,7 @@ import (
 // gateway, and a readiness wait skipped and then done.
 func TestCommands(t *testing.T) {
 	dir := t.TempDir()
-	bins, err := Build(dir, false, CmdEpp, CmdModelsim, CmdGateway)
+	bins, err := Build(dir, false, CmdEpp, CmdModelsim, CmdGateway, CmdLaneway)
 	if err != nil {
 		t.Fatal(err)
 	}
