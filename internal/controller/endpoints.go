@@ -85,7 +85,10 @@ func Endpoints(pool *inferencev1.InferencePool, pods []corev1.Pod, defaultMax ui
 		tainted := p.DeletionTimestamp != nil || strings.TrimSpace(p.Annotations[AnnotationTaint]) == TaintNoSchedule
 		for _, port := range ports {
 			eps = append(eps, dispatcher.Endpoint{
-				Addr:             net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port))),
+				Addr: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port))),
+				// Each target port is one data-parallel rank, counted in
+				// the pool's order (SPEC §5), whether or not it is active.
+				Rank:             slices.IndexFunc(pool.Spec.TargetPorts, func(t inferencev1.Port) bool { return t.Number == port }),
 				MaxBatchedTokens: maxTok,
 				Tainted:          tainted,
 				// The upstream engine-type label picks the metrics mapping

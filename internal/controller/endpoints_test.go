@@ -56,6 +56,9 @@ func ep(addr string, maxTok uint64, tainted bool) dispatcher.Endpoint {
 	return dispatcher.Endpoint{Addr: addr, MaxBatchedTokens: maxTok, Tainted: tainted}
 }
 
+// ranked is e with its data-parallel rank.
+func ranked(e dispatcher.Endpoint, rank int) dispatcher.Endpoint { e.Rank = rank; return e }
+
 func TestEndpoints(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -65,12 +68,12 @@ func TestEndpoints(t *testing.T) {
 		wantBad []string // substrings of reported annotation problems
 	}{
 		{
-			name: "each ready pod times each target port, sorted",
+			name: "each ready pod times each target port, sorted; a port's rank is its place in targetPorts",
 			pool: testPool(8001, 8000),
 			pods: []corev1.Pod{testPod("b", "10.0.0.2"), testPod("a", "10.0.0.1")},
 			want: []dispatcher.Endpoint{
-				ep("10.0.0.1:8000", 100, false), ep("10.0.0.1:8001", 100, false),
-				ep("10.0.0.2:8000", 100, false), ep("10.0.0.2:8001", 100, false),
+				ranked(ep("10.0.0.1:8000", 100, false), 1), ep("10.0.0.1:8001", 100, false),
+				ranked(ep("10.0.0.2:8000", 100, false), 1), ep("10.0.0.2:8001", 100, false),
 			},
 		},
 		{
@@ -96,7 +99,7 @@ func TestEndpoints(t *testing.T) {
 				testPod("a", "10.0.0.1", annotate(AnnotationActivePorts, " 8002, 8000 ")),
 				testPod("b", "10.0.0.2", annotate(AnnotationActivePorts, "8001,9999,x")),
 			},
-			want:    []dispatcher.Endpoint{ep("10.0.0.1:8000", 100, false), ep("10.0.0.1:8002", 100, false), ep("10.0.0.2:8001", 100, false)},
+			want:    []dispatcher.Endpoint{ep("10.0.0.1:8000", 100, false), ranked(ep("10.0.0.1:8002", 100, false), 2), ranked(ep("10.0.0.2:8001", 100, false), 1)},
 			wantBad: []string{`"9999", "x" are not target ports`},
 		},
 		{

@@ -65,6 +65,9 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 		id = h.Identity()
 	}
 	t.Tenant = tenantOf(req, id)
+	if v, ok := req.Headers[policy.DPRankHeader]; ok {
+		t.RankLo, t.RankHi, t.HasRanks = policy.ParseDPRank(v)
+	}
 	g, err := h.Dispatcher.Acquire(ctx, t)
 	if err != nil {
 		// After the caller's own cancellation the loop may still read the

@@ -16,6 +16,7 @@ import (
 	"github.com/laneway-dev/laneway/pkg/picker"
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
 	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // Picker names of --picker.
@@ -162,7 +163,7 @@ func (in *intel) configure(o *dispatcher.Options) {
 	if in.opts.Picker == PickerPrefix {
 		o.Picker = dispatcher.NewCostPicker(1+o.MaxFallbacks, uint64(time.Now().UnixNano()))
 	} else {
-		o.Picker = dispatcher.LeastLoaded{}
+		o.Picker = sched.NewLeastLoaded(uint64(time.Now().UnixNano()))
 	}
 	if in.opts.ScrapeMetrics {
 		o.OnEndpoints = in.setTargets

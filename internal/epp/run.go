@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
@@ -39,10 +40,7 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	eps := make([]dispatcher.Endpoint, 0, len(opts.Endpoints))
-	for _, a := range opts.Endpoints {
-		eps = append(eps, dispatcher.Endpoint{Addr: a, MaxBatchedTokens: opts.MaxNumBatchedTokens})
-	}
+	eps := StaticEndpoints(opts.Endpoints, opts.MaxNumBatchedTokens)
 	srv.Dispatcher().SetEndpoints(eps)
 	grpcAddr, healthAddr, metricsAddr := srv.Addrs()
 	log.Info("endpoint picker serving", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr,
@@ -102,4 +100,22 @@ func reloadPolicy(path string, d *dispatcher.Dispatcher) error {
 		return fmt.Errorf("apply policy: %w", err)
 	}
 	return nil
+}
+
+// StaticEndpoints is the endpoint set of --endpoints: each address with
+// the default max_num_batched_tokens, and as its data-parallel rank its
+// position among the listed ports of its host (SPEC §5: a host's ports
+// are its ranks, in the order given).
+func StaticEndpoints(addrs []string, maxBatched uint64) []dispatcher.Endpoint {
+	eps := make([]dispatcher.Endpoint, 0, len(addrs))
+	ranks := map[string]int{}
+	for _, a := range addrs {
+		host, _, err := net.SplitHostPort(a)
+		if err != nil {
+			host = a // Validate has refused it already; keep the old behaviour
+		}
+		eps = append(eps, dispatcher.Endpoint{Addr: a, MaxBatchedTokens: maxBatched, Rank: ranks[host]})
+		ranks[host]++
+	}
+	return eps
 }

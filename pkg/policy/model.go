@@ -87,6 +87,10 @@ type Profile struct {
 	// families, such requests go to DefaultFamily instead.
 	DefaultClass string
 	Classes      []Class
+	// EmptyClasses records that the source listed policy_classes as an
+	// empty list, which is an error (as in the reference router): leaving
+	// the key out is how a profile asks for the synthetic class.
+	EmptyClasses bool
 }
 
 // HasFamilies reports whether any class names a family or a bucket.

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -178,5 +179,21 @@ policy_classes:
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want one containing %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestEmptyPolicyClassesIsAnError: policy_classes: [] is refused, as the
+// reference router refuses it, at the root and in a model profile; leaving
+// the key out is the synthetic class.
+func TestEmptyPolicyClassesIsAnError(t *testing.T) {
+	for _, src := range []string{"policy_classes: []\n", "models:\n  m:\n    policy_classes: []\n"} {
+		_, err := LoadYAML([]byte(src))
+		var ps Problems
+		if !errors.As(err, &ps) || !ps.Has(RuleEmptyClasses) {
+			t.Errorf("%q: error %v, want an EmptyClasses problem", src, err)
+		}
+	}
+	if _, err := LoadYAML([]byte("default_policy_class: \n")); err != nil {
+		t.Errorf("no policy_classes key: %v, want the synthetic class", err)
 	}
 }

@@ -38,6 +38,7 @@ const (
 	RuleModelName              Rule = "ModelName"
 	RuleTooLarge               Rule = "TooLarge"
 	RuleIdentity               Rule = "Identity"
+	RuleEmptyClasses           Rule = "EmptyClasses"
 	RuleTenant                 Rule = "Tenant"
 	// RuleSyntax: the YAML could not be read (syntax, unknown key, type).
 	RuleSyntax Rule = "Syntax"
@@ -159,6 +160,9 @@ func validateProfile(ps *Problems, model string, p *Profile) {
 		*ps = append(*ps, Problem{Model: model, Class: class, Family: family, Rule: r, Message: msg + fmt.Sprintf(format, args...)})
 	}
 
+	if p.EmptyClasses && len(p.Classes) == 0 {
+		add("", "", RuleEmptyClasses, "policy_classes is an empty list: list at least one class, or leave the key out for the synthetic default class")
+	}
 	if len(p.Classes) > MaxClassesPerProfile {
 		add("", "", RuleTooLarge, "policy_classes: %d classes, at most %d allowed", len(p.Classes), MaxClassesPerProfile)
 		return

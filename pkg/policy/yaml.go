@@ -224,6 +224,9 @@ func (p *parser) profile(n *yaml.Node, path string, out *Profile, models *[]Mode
 				out.Buckets = append(out.Buckets, b)
 			})
 		case "policy_classes":
+			if n := resolveAlias(v); n.Kind == yaml.SequenceNode && len(n.Content) == 0 {
+				out.EmptyClasses = true
+			}
 			p.sequence(v, join(key), func(i int, e *yaml.Node) {
 				p.classes++
 				if p.classes > maxClassesInFile {

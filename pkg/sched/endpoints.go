@@ -16,6 +16,7 @@ type endpoint struct {
 	id            drr.EndpointID
 	addr          string
 	maxBatched    uint64
+	rank          int
 	tainted       bool
 	removed       bool
 	activePrefill uint64
@@ -82,8 +83,8 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 		eng := EngineOf(in.Engine, c.opts.DefaultEngine)
 		if e, ok := g.byAddr[in.Addr]; ok {
 			e.engine = eng
-			if e.maxBatched != in.MaxBatchedTokens || e.tainted != in.Tainted {
-				e.maxBatched, e.tainted = in.MaxBatchedTokens, in.Tainted
+			if e.maxBatched != in.MaxBatchedTokens || e.tainted != in.Tainted || e.rank != in.Rank {
+				e.maxBatched, e.tainted, e.rank = in.MaxBatchedTokens, in.Tainted, in.Rank
 				c.q.EndpointChanged(e.id)
 			}
 			continue
@@ -97,7 +98,7 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 			g.eps = append(g.eps, nil)
 		}
 		e := &endpoint{id: id, addr: in.Addr, maxBatched: in.MaxBatchedTokens, tainted: in.Tainted,
-			engine: eng, stale: c.opts.ExpectMetrics}
+			rank: in.Rank, engine: eng, stale: c.opts.ExpectMetrics}
 		g.eps[id] = e
 		if c.index != nil {
 			c.index.Drop(int(id)) // a reused id starts with an empty index
@@ -207,13 +208,18 @@ func (c *Core) candidateAt(r *Request, i int) *endpoint {
 }
 
 // eligible is SPEC §5's eligibility, the same for queued and direct
-// requests: a live endpoint, past the overload filter, not tainted unless
-// the request is pinned to it.
+// requests: a live endpoint, inside the request's data-parallel ranks,
+// past the overload filter, not tainted unless the request is pinned to
+// it.
 func (c *Core) eligible(e *endpoint, r *Request) bool {
-	if e == nil || e.removed || c.overloaded(e) {
+	if e == nil || e.removed || c.overloaded(e) || !inRanks(e, r.Ticket) {
 		return false
 	}
 	return !e.tainted || r.pinned != drr.NoEndpoint
+}
+
+func inRanks(e *endpoint, t *Ticket) bool {
+	return !t.HasRanks || (e.rank >= t.RankLo && e.rank <= t.RankHi)
 }
 
 // overloaded is the overload filter: the engine's own queue is past
@@ -253,14 +259,21 @@ func (c *Core) judge(class int, r *Request) drr.Verdict {
 
 // noEndpoint names the filter that left r without an endpoint.
 func (c *Core) noEndpoint(r *Request) error {
-	overloaded := false
+	overloaded, ranked := false, false
 	for i, n := 0, c.numCandidates(r); i < n; i++ {
-		if e := c.candidateAt(r, i); !e.removed && c.overloaded(e) {
+		e := c.candidateAt(r, i)
+		if e.removed || !inRanks(e, r.Ticket) {
+			continue
+		}
+		ranked = true
+		if c.overloaded(e) {
 			overloaded = true
 			break
 		}
 	}
 	switch {
+	case len(c.reg.live) > 0 && !ranked && r.Ticket.HasRanks:
+		return &NoEndpointError{Filter: fmt.Sprintf("no endpoint has a data-parallel rank in %d-%d", r.Ticket.RankLo, r.Ticket.RankHi)}
 	case overloaded:
 		return &NoEndpointError{Filter: fmt.Sprintf("overload filter: the engine queue of every candidate endpoint is past --max-engine-queue=%d", c.opts.MaxEngineQueue)}
 	case len(c.reg.live) == 0:

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,8 +24,9 @@ import (
 //   - every admitted request leaves exactly once, and by the end every one
 //     has left;
 //   - every endpoint of a grant was live, inside the request's allow-list
-//     (by address), not tainted unless the request was pinned, and not
-//     past the overload filter; the pick was not busy for a queueing class;
+//     (by address) and its data-parallel ranks, not tainted unless the
+//     request was pinned, and not past the overload filter; the pick was
+//     not busy for a queueing class;
 //   - a shed request waited exactly since its admission, and at least its
 //     budget;
 //   - each endpoint's active prefill and in-flight counts are the sums over
@@ -95,6 +97,14 @@ var fuzzAddrs = []string{"10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "10.
 	"10.0.0.4:8000", "10.0.0.5:8000"}
 
 const fuzzMaxEngineQueue = 3
+
+// fuzzRank is an endpoint's data-parallel rank: its port's offset from
+// 8000 (the 10.0.0.1 pod serves two ranks).
+func fuzzRank(addr string) int {
+	_, port, _ := net.SplitHostPort(addr)
+	n, _ := strconv.Atoi(port)
+	return n - 8000
+}
 
 // fuzzPolicies are the policies a run swaps between: different class
 // sets, orders, thresholds (fixed and fractional), ratios, limits and
@@ -172,7 +182,7 @@ func runCoreOps(data []byte, pk Picker) error {
 		var in []Endpoint
 		for _, a := range fuzzAddrs {
 			if e := live[a]; e != nil {
-				in = append(in, Endpoint{Addr: a, Tainted: e.tainted, MaxBatchedTokens: e.maxBatched})
+				in = append(in, Endpoint{Addr: a, Tainted: e.tainted, MaxBatchedTokens: e.maxBatched, Rank: fuzzRank(a)})
 			}
 		}
 		c.SetEndpoints(now, in)
@@ -244,6 +254,8 @@ func runCoreOps(data []byte, pk Picker) error {
 					return fmt.Errorf("step %d (%s): granted tainted %s to an unpinned request", step, op, addr)
 				case !e.stale && e.waiting > fuzzMaxEngineQueue:
 					return fmt.Errorf("step %d (%s): granted %s past the overload filter (%d waiting)", step, op, addr, e.waiting)
+				case fr.r.Ticket.HasRanks && (fuzzRank(addr) < fr.r.Ticket.RankLo || fuzzRank(addr) > fr.r.Ticket.RankHi):
+					return fmt.Errorf("step %d (%s): granted %s (rank %d) outside ranks %d-%d", step, op, addr, fuzzRank(addr), fr.r.Ticket.RankLo, fr.r.Ticket.RankHi)
 				}
 				rule := c.pol.Busy[ci]
 				busy := e.stale || rule.EndpointBusy(drr.SaturatingAdd(e.active, e.unseenFromCore), e.maxBatched)
@@ -312,6 +324,10 @@ func runCoreOps(data []byte, pk Picker) error {
 					t.Blocks = append(t.Blocks, group<<32|uint64(i))
 				}
 				t.BlockSize = 4
+			}
+			if b&0x40 != 0 { // a data-parallel rank bound
+				t.RankLo, t.HasRanks = int(next()%2), true
+				t.RankHi = t.RankLo + int(next()%2)
 			}
 			fr := &fuzzReq{}
 			switch h := next() % 8; {

@@ -1,7 +1,9 @@
 package sched
 
 import (
-	"sort"
+	"cmp"
+	"math/rand/v2"
+	"slices"
 
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/picker"
@@ -79,25 +81,50 @@ func (p *CostPicker) Pick(t *Ticket, cands []Candidate, out []int) []int {
 }
 
 // LeastLoaded prefers endpoints that are not busy, then the fewest active
-// prefill tokens, then the fewest in-flight requests, then address order.
+// prefill tokens, then the fewest in-flight requests, and breaks the ties
+// that remain at random (as the cost picker does): equally loaded
+// endpoints share the requests instead of the first address taking them.
 // It ignores prefix overlap, unseen load and staleness (beyond the busy
-// flag): it is the baseline the cost picker is measured against.
-type LeastLoaded struct{}
+// flag): it is the baseline the cost picker is measured against. The zero
+// value draws from the global generator; NewLeastLoaded gives a seeded one.
+type LeastLoaded struct {
+	rng *rand.Rand
+}
+
+// NewLeastLoaded returns a LeastLoaded whose tie-breaks follow seed.
+func NewLeastLoaded(seed uint64) LeastLoaded {
+	return LeastLoaded{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
 
 // Pick implements Picker.
-func (LeastLoaded) Pick(_ *Ticket, cands []Candidate, out []int) []int {
+func (l LeastLoaded) Pick(_ *Ticket, cands []Candidate, out []int) []int {
+	base := len(out)
 	for i := range cands {
 		out = append(out, i)
 	}
-	sort.SliceStable(out, func(a, b int) bool {
-		x, y := &cands[out[a]], &cands[out[b]]
-		if x.Busy != y.Busy {
-			return !x.Busy
+	idx := out[base:]
+	// Shuffle, then sort stably: equal keys end up in random order.
+	for i := len(idx) - 1; i > 0; i-- {
+		var j int
+		if l.rng != nil {
+			j = l.rng.IntN(i + 1)
+		} else {
+			j = rand.IntN(i + 1)
 		}
-		if x.ActivePrefill != y.ActivePrefill {
-			return x.ActivePrefill < y.ActivePrefill
+		idx[i], idx[j] = idx[j], idx[i]
+	}
+	slices.SortStableFunc(idx, func(a, b int) int {
+		x, y := &cands[a], &cands[b]
+		switch {
+		case x.Busy != y.Busy:
+			if x.Busy {
+				return 1
+			}
+			return -1
+		case x.ActivePrefill != y.ActivePrefill:
+			return cmp.Compare(x.ActivePrefill, y.ActivePrefill)
 		}
-		return x.InFlight < y.InFlight
+		return cmp.Compare(x.InFlight, y.InFlight)
 	})
 	return out
 }

@@ -113,6 +113,10 @@ type Ticket struct {
 	// request is pinned to that endpoint's exact lane.
 	Allow    []string
 	HasAllow bool
+	// RankLo..RankHi, when HasRanks, bounds the data-parallel ranks the
+	// request may go to (x-laneway-dp-rank).
+	RankLo, RankHi int
+	HasRanks       bool
 	// Tenant is who the request is for (SPEC §14): the identity the
 	// policy's identity source gave, or without one the x-laneway-tenant
 	// header; "" when the request brought none.
@@ -145,6 +149,9 @@ type Endpoint struct {
 	// Tainted endpoints take no new unpinned requests (being deleted, not
 	// ready, or annotated NoSchedule).
 	Tainted bool
+	// Rank is the endpoint's data-parallel rank: the position of its port
+	// among the pool's target ports (SPEC §5), from 0.
+	Rank int
 	// Engine names the model server's engine (vllm, sglang, trtllm: the
 	// pod label inference.networking.k8s.io/engine-type); empty, or a name
 	// policy.ParseEngine does not know, means Options.DefaultEngine. It
