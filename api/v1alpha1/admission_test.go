@@ -70,20 +70,16 @@ func TestPolicyClassAdmission(t *testing.T) {
 			[]string{`spec.maxQueueWait: Invalid value: "-1s"`, "should match"}},
 		{"no pool", func(s *v1alpha1.PolicyClassSpec) { s.PoolRef.Name = "" },
 			[]string{"spec.poolRef.name", "should be at least 1 chars long"}},
+		{"maxTenants without tenantFairness", func(s *v1alpha1.PolicyClassSpec) { s.MaxTenants = ptr[int64](10) },
+			[]string{"maxTenants needs tenantFairness: true"}},
+		{"maxTenants 0", func(s *v1alpha1.PolicyClassSpec) { s.TenantFairness, s.MaxTenants = true, ptr[int64](0) },
+			[]string{"spec.maxTenants", "should be greater than or equal to 1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			obj := validClass(ns, "c")
 			tt.mut(&obj.Spec)
-			err := k8s.Create(context.Background(), obj)
-			if err == nil {
-				t.Fatalf("API server accepted %+v", obj.Spec)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("refusal %q lacks %q", err.Error(), w)
-				}
-			}
+			mustRefuse(t, obj, obj.Spec, tt.want)
 		})
 	}
 }
@@ -101,6 +97,7 @@ func TestPolicyClassAccepted(t *testing.T) {
 		PrefillBusyThreshold: ptr[int64](0), PrefillBusyThresholdFrac: ptr("1.5e0"), BusyWorkerRatio: ptr("1"),
 		RequestQueueLimitPerWorker: ptr[int64](0), RawISLTokenQueueLimitPerWorker: ptr[int64](1 << 40),
 		CachedTokenQueueLimitPerWorker: ptr[int64](7), MaxQueueWait: &metav1.Duration{Duration: 90 * time.Second},
+		TenantFairness: true, MaxTenants: ptr[int64](50),
 	}
 	minimal := validClass(ns, "minimal")
 	for _, obj := range []*v1alpha1.PolicyClass{full, minimal} {
@@ -111,7 +108,7 @@ func TestPolicyClassAccepted(t *testing.T) {
 	if minimal.Spec.QueuePolicy != v1alpha1.QueuePolicyEDF || minimal.Spec.PoolRef.Group != v1alpha1.DefaultPoolGroup {
 		t.Errorf("defaults not applied: %+v", minimal.Spec)
 	}
-	if full.Spec.MaxQueueWait.Duration != 90*time.Second || *full.Spec.BusyWorkerRatio != "1" {
+	if full.Spec.MaxQueueWait.Duration != 90*time.Second || *full.Spec.BusyWorkerRatio != "1" || !full.Spec.TenantFairness || *full.Spec.MaxTenants != 50 {
 		t.Errorf("values changed: %+v", full.Spec)
 	}
 	if minimal.EffectiveClassName() != "minimal" || full.EffectiveClassName() != "Gold_1.x" {
@@ -167,15 +164,7 @@ func TestPolicyProfileAdmission(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			obj := &v1alpha1.PolicyProfile{ObjectMeta: metav1.ObjectMeta{Name: "llm", Namespace: ns}, Spec: tt.spec}
 			obj.Spec.PoolRef = v1alpha1.PoolReference{Name: "llm"}
-			err := k8s.Create(context.Background(), obj)
-			if err == nil {
-				t.Fatalf("API server accepted %+v", obj.Spec)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("refusal %q lacks %q", err.Error(), w)
-				}
-			}
+			mustRefuse(t, obj, obj.Spec, tt.want)
 		})
 	}
 	ok := &v1alpha1.PolicyProfile{ObjectMeta: metav1.ObjectMeta{Name: "llm", Namespace: ns}, Spec: v1alpha1.PolicyProfileSpec{
@@ -208,11 +197,23 @@ func TestPrinterColumns(t *testing.T) {
 		t.Fatalf("status update: %v", err)
 	}
 
+	checkTable(t, ns, "policyclasses",
+		[]string{"Name", "Family", "Bucket", "Policy", "Quantum", "Threshold", "Accepted", "Pending", "Age"},
+		map[string]any{"Name": "premium", "Family": "premium", "Bucket": "all", "Policy": "fcfs",
+			"Quantum": float64(512), "Threshold": float64(1536), "Accepted": "True", "Pending": float64(3), "Tenant Fair": nil})
+}
+
+// checkTable reads the one object of resource in ns as kubectl does (a
+// Table) and checks the default columns (priority 0) and the row's cells
+// (all columns; nil for an empty cell).
+func checkTable(t *testing.T, ns, resource string, wantCols []string, want map[string]any) {
+	t.Helper()
+	ctx := context.Background()
 	hc, err := rest.HTTPClientFor(restCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(restCfg.Host, "/")+"/apis/laneway.dev/v1alpha1/namespaces/"+ns+"/policyclasses", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(restCfg.Host, "/")+"/apis/laneway.dev/v1alpha1/namespaces/"+ns+"/"+resource, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,22 +237,19 @@ func TestPrinterColumns(t *testing.T) {
 			cols = append(cols, c.Name)
 		}
 	}
-	wantCols := []string{"Name", "Family", "Bucket", "Policy", "Quantum", "Threshold", "Accepted", "Pending", "Age"}
 	if strings.Join(cols, ",") != strings.Join(wantCols, ",") {
-		t.Errorf("default columns = %v, want %v", cols, wantCols)
+		t.Errorf("%s default columns = %v, want %v", resource, cols, wantCols)
 	}
 	if len(table.Rows) != 1 {
-		t.Fatalf("%d rows, want 1", len(table.Rows))
+		t.Fatalf("%s: %d rows, want 1", resource, len(table.Rows))
 	}
 	row := map[string]any{}
 	for i, c := range table.ColumnDefinitions {
 		row[c.Name] = table.Rows[0].Cells[i]
 	}
-	want := map[string]any{"Name": "premium", "Family": "premium", "Bucket": "all", "Policy": "fcfs",
-		"Quantum": float64(512), "Threshold": float64(1536), "Accepted": "True", "Pending": float64(3)}
 	for k, v := range want {
 		if row[k] != v {
-			t.Errorf("column %s = %v (%T), want %v", k, row[k], row[k], v)
+			t.Errorf("%s column %s = %v (%T), want %v", resource, k, row[k], row[k], v)
 		}
 	}
 }

@@ -25,6 +25,7 @@ const (
 //
 // +kubebuilder:validation:XValidation:rule="has(self.policyFamily) == has(self.cacheBucket)",message="policyFamily and cacheBucket must be set together: both for a family class, neither for an explicit class"
 // +kubebuilder:validation:XValidation:rule="!has(self.busyWorkerRatio) || has(self.prefillBusyThreshold) || has(self.prefillBusyThresholdFrac)",message="busyWorkerRatio needs a busy threshold: set prefillBusyThreshold or prefillBusyThresholdFrac too"
+// +kubebuilder:validation:XValidation:rule="!has(self.maxTenants) || (has(self.tenantFairness) && self.tenantFairness)",message="maxTenants needs tenantFairness: true"
 type PolicyClassSpec struct {
 	// PoolRef is the InferencePool (same namespace) whose policy this class
 	// belongs to. It cannot change: create a new object to move a class.
@@ -127,6 +128,20 @@ type PolicyClassSpec struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+)$`
 	MaxQueueWait *metav1.Duration `json:"maxQueueWait,omitempty"`
+
+	// TenantFairness shares the class between its tenants (SPEC §14): one
+	// sub-queue per tenant, served by DRR on uncached tokens with the
+	// class quantum times each tenant's weight, instead of one queue for
+	// all.
+	// +optional
+	TenantFairness bool `json:"tenantFairness,omitempty"`
+
+	// MaxTenants bounds the tenants with queued requests in a tenant-fair
+	// class; a request of one more tenant gets 429 (limit_kind tenants).
+	// Absent: 10000.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	MaxTenants *int64 `json:"maxTenants,omitempty"`
 }
 
 // PolicyClassStatus is what the policy controller observed for the class.
@@ -162,6 +177,8 @@ type PolicyClassStatus struct {
 // +kubebuilder:printcolumn:name="Quantum",type=integer,JSONPath=`.spec.quantum`
 // +kubebuilder:printcolumn:name="Threshold",type=integer,JSONPath=`.spec.prefillBusyThreshold`
 // +kubebuilder:printcolumn:name="Frac",type=string,JSONPath=`.spec.prefillBusyThresholdFrac`,priority=1
+// +kubebuilder:printcolumn:name="Tenant Fair",type=boolean,JSONPath=`.spec.tenantFairness`,priority=1
+// +kubebuilder:printcolumn:name="Max Tenants",type=integer,JSONPath=`.spec.maxTenants`,priority=1
 // +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
 // +kubebuilder:printcolumn:name="Pending",type=integer,JSONPath=`.status.pending`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -67,6 +67,27 @@ type PolicyProfileSpec struct {
 	// +listMapKey=model
 	// +kubebuilder:validation:MaxItems=64
 	Models []ModelProfile `json:"models,omitempty"`
+
+	// Identity says where a request's tenant identity comes from (SPEC
+	// §14). Absent: no identity; the x-laneway-tenant header names the
+	// tenant and every client hint is trusted as sent.
+	// +optional
+	Identity *Identity `json:"identity,omitempty"`
+
+	// Tenants are the tenant bindings, in match order: the first binding
+	// that matches a request's identity wins. They apply to every model
+	// profile of the pool.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=10000
+	Tenants []TenantBinding `json:"tenants,omitempty"`
+
+	// DefaultTenant is what identities no binding matches may do; each
+	// such identity is a tenant of its own. Absent: any class, weight 1,
+	// and caps 0 when identity is configured.
+	// +optional
+	DefaultTenant *TenantGrants `json:"defaultTenant,omitempty"`
 }
 
 // ModelProfile is the pool-level settings of one model profile; the fields
@@ -118,11 +139,21 @@ type PolicyProfileStatus struct {
 	// ObservedGeneration is the metadata.generation the conditions describe.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Identity says, in one line, where the policy in force reads a
+	// request's tenant from ("none" without identity).
+	// +optional
+	Identity string `json:"identity,omitempty"`
+
+	// TenantBindings is how many tenant bindings the policy in force has.
+	// +optional
+	TenantBindings int64 `json:"tenantBindings,omitempty"`
 }
 
 // PolicyProfile holds the settings of an InferencePool's policy that belong
-// to no single class: default family, default class, cache buckets, and the
-// same for each model profile. One per pool.
+// to no single class: default family, default class, cache buckets, the
+// same for each model profile, and the tenant rules (identity source,
+// bindings, default binding). One per pool.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
@@ -130,6 +161,8 @@ type PolicyProfileStatus struct {
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.poolRef.name`
 // +kubebuilder:printcolumn:name="Default Family",type=string,JSONPath=`.spec.defaultPolicyFamily`
 // +kubebuilder:printcolumn:name="Default Class",type=string,JSONPath=`.spec.defaultPolicyClass`,priority=1
+// +kubebuilder:printcolumn:name="Identity",type=string,JSONPath=`.status.identity`
+// +kubebuilder:printcolumn:name="Tenants",type=integer,JSONPath=`.status.tenantBindings`
 // +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type PolicyProfile struct {

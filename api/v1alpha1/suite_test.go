@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -71,4 +72,19 @@ func namespace(t *testing.T) string {
 		t.Fatalf("create namespace: %v", err)
 	}
 	return ns.Name
+}
+
+// mustRefuse creates obj and requires the API server to refuse it with a
+// message holding every one of want; spec is what the failure prints.
+func mustRefuse(t *testing.T, obj client.Object, spec any, want []string) {
+	t.Helper()
+	err := k8s.Create(context.Background(), obj)
+	if err == nil {
+		t.Fatalf("API server accepted %+v", spec)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("refusal %q lacks %q", err.Error(), w)
+		}
+	}
 }

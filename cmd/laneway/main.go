@@ -107,7 +107,98 @@ func runValidate(args []string, stdout, stderr io.Writer) int {
 	for i := range comp.Classes {
 		fmt.Fprintln(stdout, summary(cfg, comp, i))
 	}
+	for i := range cfg.Tenants {
+		b := &cfg.Tenants[i]
+		line := fmt.Sprintf("tenant %q: %s", b.Name, bindingSummary(b, cfg.Identity != nil))
+		if by := shadowedBy(cfg.Tenants[:i], b); by != "" {
+			line += fmt.Sprintf("; never matches: tenant %q comes first for every identity it selects", by)
+		}
+		fmt.Fprintln(stdout, line)
+	}
+	if b := cfg.DefaultTenant; b != nil {
+		fmt.Fprintf(stdout, "default tenant: %s\n", bindingSummary(b, cfg.Identity != nil))
+	}
+	// One line saying whom the picker trusts, with or without tenants.
+	fmt.Fprintln(stdout, comp.Identity().String())
 	return exitOK
+}
+
+// shadowedBy returns the name of an earlier binding that matches every
+// identity b selects (so b never wins: the first match does), or "".
+func shadowedBy(earlier []policy.TenantBinding, b *policy.TenantBinding) string {
+	for i := range earlier {
+		e := &earlier[i]
+		covers := func(id string, prefix bool) bool {
+			if !prefix && e.Match.Matches(id) {
+				return true
+			}
+			for _, p := range e.Match.Prefix {
+				if strings.HasPrefix(id, p) {
+					return true
+				}
+			}
+			return false
+		}
+		all := true
+		for _, id := range b.Match.Exact {
+			all = all && covers(id, false)
+		}
+		for _, p := range b.Match.Prefix {
+			all = all && covers(p, true)
+		}
+		if all {
+			return e.Name
+		}
+	}
+	return ""
+}
+
+// bindingSummary describes what a tenant binding matches and grants, with
+// the defaults filled in as the picker applies them.
+func bindingSummary(b *policy.TenantBinding, identity bool) string {
+	var parts []string
+	var ids []string
+	ids = append(ids, b.Match.Exact...)
+	for _, p := range b.Match.Prefix {
+		ids = append(ids, p+"*")
+	}
+	if len(ids) > 0 {
+		parts = append(parts, "identities "+strings.Join(ids, ", "))
+	}
+	switch {
+	case len(b.Allowed) > 0:
+		parts = append(parts, fmt.Sprintf("allowed %s (default %s)", strings.Join(b.Allowed, ", "), b.DefaultFamily))
+	case b.DefaultFamily != "":
+		parts = append(parts, fmt.Sprintf("any class (default %s)", b.DefaultFamily))
+	default:
+		parts = append(parts, "any class")
+	}
+	weight := int64(1)
+	if b.Weight != nil {
+		weight = *b.Weight
+	}
+	parts = append(parts, fmt.Sprintf("weight %d", weight))
+	capText := func(v *int64) string {
+		switch {
+		case v != nil:
+			return fmt.Sprint(*v)
+		case identity:
+			return "0"
+		}
+		return "none"
+	}
+	parts = append(parts, fmt.Sprintf("caps priority %s, strict %s", capText(b.MaxPriority), capText(b.MaxStrictPriority)))
+	var limits []string
+	if v := b.RequestQueueLimit; v != nil {
+		limits = append(limits, fmt.Sprintf("%d requests", *v))
+	}
+	if v := b.RawISLTokenQueueLimit; v != nil {
+		limits = append(limits, fmt.Sprintf("%d raw_isl_tokens", *v))
+	}
+	if len(limits) > 0 {
+		parts = append(parts, "limits "+strings.Join(limits, ", ")+" per class")
+	}
+	return strings.Join(parts, "; ")
 }
 
 // summary is one line describing class i.
@@ -141,6 +232,9 @@ func summary(cfg *policy.Config, comp *policy.Compiled, i int) string {
 	}
 	if cc.WaitBudget > 0 {
 		fmt.Fprintf(&b, ", max queue wait %s", cc.WaitBudget)
+	}
+	if cc.TenantFairness {
+		fmt.Fprintf(&b, ", tenant-fair (at most %d tenants)", cc.MaxTenants)
 	}
 	return b.String()
 }

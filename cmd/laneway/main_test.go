@@ -24,7 +24,10 @@ import (
 
 const samples = "../../config/samples"
 
-var sampleNames = []string{"cache-buckets", "premium-regular", "single-class", "models"}
+var sampleNames = []string{"cache-buckets", "premium-regular", "single-class", "models", "tenants"}
+
+// noIdentity is the line validate ends with for a policy without identity.
+const noIdentity = "no identity configured: the x-laneway-tenant header names the tenant and client hints are trusted as sent\n"
 
 // runCLI runs the command in-process and returns its exit code and output.
 func runCLI(args ...string) (int, string, string) {
@@ -56,7 +59,7 @@ func TestValidate(t *testing.T) {
 			code: 0,
 			stdout: `class "cached": family standard, bucket cached (uncached >= 0), policy wspt, quantum 2048, no busy threshold (never queues)
 class "uncached": family standard, bucket uncached (uncached >= 3072), policy fcfs, quantum 512, no busy threshold (never queues)
-`,
+` + noIdentity,
 		},
 		{
 			name: "premium regular sample",
@@ -64,13 +67,47 @@ class "uncached": family standard, bucket uncached (uncached >= 3072), policy fc
 			code: 0,
 			stdout: `class "premium": family premium, bucket all (uncached >= 0), policy fcfs, quantum 512, threshold 1536 tokens, limit requests 1024/worker
 class "regular": family regular, bucket all (uncached >= 0), policy fcfs, quantum 128, threshold 1536 tokens, limit requests 1024/worker
-`,
+` + noIdentity,
 		},
 		{
 			name:   "no policy",
 			args:   []string{"validate", "EMPTY"},
 			code:   0,
-			stdout: "class \"default\": synthetic (no policy classes), policy fcfs, quantum 1, no busy threshold (never queues)\n",
+			stdout: "class \"default\": synthetic (no policy classes), policy fcfs, quantum 1, no busy threshold (never queues)\n" + noIdentity,
+		},
+		{
+			name: "tenants sample",
+			args: []string{"validate", filepath.Join(samples, "policy-tenants.yaml")},
+			code: 0,
+			stdout: `class "premium-short": family premium, bucket short (uncached >= 0), policy edf, quantum 512, threshold 1536 tokens
+class "premium-long": family premium, bucket long (uncached >= 3072), policy edf, quantum 512, threshold 1536 tokens
+class "regular-short": family regular, bucket short (uncached >= 0), policy edf, quantum 128, threshold 1536 tokens, tenant-fair (at most 10000 tenants)
+class "regular-long": family regular, bucket long (uncached >= 3072), policy edf, quantum 128, threshold 1536 tokens, tenant-fair (at most 50 tenants)
+tenant "acme": identities acme, acme-batch, acme-*; allowed premium, regular (default regular); weight 3; caps priority 10, strict 1; limits 500 requests, 2000000 raw_isl_tokens per class
+tenant "acme-x": identities acme-x; allowed premium (default premium); weight 1; caps priority 0, strict 0; never matches: tenant "acme" comes first for every identity it selects
+default tenant: allowed regular (default regular); weight 1; caps priority 0, strict 0
+identity from metadata envoy.filters.http.jwt_authn/my-provider.sub, then header x-tenant-id; requests without one are tenant "nobody"
+`,
+		},
+		{
+			name: "tenants without identity: uncapped, header-named",
+			args: []string{"validate", "TENANTS"},
+			code: 0,
+			stdout: `class "a": explicit, policy fcfs, quantum 1, threshold 10 tokens, tenant-fair (at most 10000 tenants)
+tenant "batch": identities batch-*; any class; weight 1; caps priority none, strict 2; limits 7 requests per class
+` + noIdentity,
+		},
+		{
+			name: "tenant problems, one per line",
+			args: []string{"validate", "BADTENANTS"},
+			code: 1,
+			stderrIn: []string{
+				"4 problem(s):\n",
+				"\nidentity.header \"X-Tenant\" must be a lower-case header name\n",
+				"\ntenant \"t\": allowed \"gold\" names no policy family or explicit class\n",
+				"\ntenant \"t\": default_family \"gold\" names no policy family or explicit class\n",
+				"\ndefault_tenant: weight must be between 1 and 1000000 (got 0)\n",
+			},
 		},
 		{
 			name: "every error, one per line",
@@ -95,6 +132,16 @@ default_policy_family: f
 uncached_isl_buckets: [{min_tokens: 0, bucket: a}, {min_tokens: 10, bucket: b}]
 policy_classes: [{name: a, policy_family: f, cache_bucket: a, quantum: 0}]
 `)
+	tenants := writeFile(t, `
+tenants: [{name: batch, match: {prefix: [batch-]}, max_strict_priority: 2, request_queue_limit: 7}]
+policy_classes: [{name: a, quantum: 1, queue_policy: fcfs, prefill_busy_threshold: 10, tenant_fairness: true}]
+`)
+	badTenants := writeFile(t, `
+identity: {header: X-Tenant}
+tenants: [{name: t, match: {exact: [t]}, allowed: [gold], default_family: gold}]
+default_tenant: {weight: 0}
+policy_classes: [{name: a, quantum: 1}]
+`)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for i, a := range tt.args {
@@ -103,6 +150,10 @@ policy_classes: [{name: a, policy_family: f, cache_bucket: a, quantum: 0}]
 					tt.args[i] = empty
 				case "INVALID":
 					tt.args[i] = invalid
+				case "TENANTS":
+					tt.args[i] = tenants
+				case "BADTENANTS":
+					tt.args[i] = badTenants
 				}
 			}
 			code, stdout, stderr := runCLI(tt.args...)
@@ -127,8 +178,8 @@ func TestValidateModelsSample(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
-	if len(lines) != 7 {
-		t.Fatalf("%d lines, want one per class (7):\n%s", len(lines), stdout)
+	if len(lines) != 8 {
+		t.Fatalf("%d lines, want one per class (7) and the identity line:\n%s", len(lines), stdout)
 	}
 	for i, want := range map[int]string{
 		0: `class "interactive-short": family interactive, bucket short (uncached >= 0), policy wspt, quantum 4096, threshold 2048 tokens, busy_worker_ratio 0.5, max queue wait 30s`,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"strings"
 
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -59,6 +60,35 @@ func PoolObjects(pool PoolRef, profiles []v1alpha1.PolicyProfile, classes []v1al
 // generation judged). The status writer publishes it.
 type Verdict struct {
 	Conditions map[policy.ObjectRef]metav1.Condition
+	// Tenants describes the tenant rules of the policy in force, for the
+	// PolicyProfile's status; nil before any policy was applied.
+	Tenants *TenantSummary
+}
+
+// TenantSummary is what a PolicyProfile's status says about the tenant
+// rules in force (the Identity and Tenants columns).
+type TenantSummary struct {
+	Identity string
+	Bindings int64
+}
+
+// summarizeTenants describes cfg's tenant rules in a column's width.
+func summarizeTenants(cfg *policy.Config) *TenantSummary {
+	if cfg == nil {
+		return nil
+	}
+	out := &TenantSummary{Identity: "none (client hints trusted)", Bindings: int64(len(cfg.Tenants))}
+	if id := cfg.Identity; id != nil {
+		var src []string
+		if id.MetadataNamespace != "" {
+			src = append(src, "metadata "+id.MetadataNamespace+"/"+strings.Join(id.MetadataPath, "."))
+		}
+		if id.Header != "" {
+			src = append(src, "header "+id.Header)
+		}
+		out.Identity = strings.Join(src, ", then ")
+	}
+	return out
 }
 
 // policyReconciler validates the pool's whole object set on any change of
@@ -104,7 +134,7 @@ func (r *policyReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (
 	}
 
 	// Conditions go out only now: Accepted=True means "in force".
-	v := Verdict{Conditions: make(map[policy.ObjectRef]metav1.Condition, len(profiles)+len(classes))}
+	v := Verdict{Conditions: make(map[policy.ObjectRef]metav1.Condition, len(profiles)+len(classes)), Tenants: summarizeTenants(r.applied)}
 	for i := range profiles {
 		ref := policy.ObjectRef{Kind: policy.KindPolicyProfile, Name: profiles[i].Name}
 		v.Conditions[ref] = check.AcceptedCondition(ref, profiles[i].Generation)

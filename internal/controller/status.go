@@ -124,6 +124,9 @@ func (w *statusWriter) write(ctx context.Context) error {
 		want := pp.DeepCopy()
 		apimeta.SetStatusCondition(&want.Status.Conditions, cond)
 		want.Status.ObservedGeneration = cond.ObservedGeneration
+		if ts := v.Tenants; ts != nil {
+			want.Status.Identity, want.Status.TenantBindings = ts.Identity, ts.Bindings
+		}
 		if err := w.patch(ctx, policy.KindPolicyProfile, pp, want, equality.Semantic.DeepEqual(pp.Status, want.Status)); err != nil {
 			errs = append(errs, err)
 		}

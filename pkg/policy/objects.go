@@ -152,6 +152,7 @@ func fromObjects(profiles []v1alpha1.PolicyProfile, classes []v1alpha1.PolicyCla
 		for _, m := range pp.Spec.Models {
 			setProfile(profileFor(m.Model), m.DefaultPolicyFamily, m.UncachedISLBuckets, m.DefaultPolicyClass)
 		}
+		setTenants(cfg, &pp.Spec)
 	}
 
 	classes = slices.Clone(classes)
@@ -183,6 +184,78 @@ func setProfile(p *Profile, family string, buckets []v1alpha1.CacheBucket, class
 	}
 }
 
+// setTenants copies a PolicyProfile's tenant rules into cfg.
+func setTenants(cfg *Config, s *v1alpha1.PolicyProfileSpec) {
+	if id := s.Identity; id != nil {
+		cfg.Identity = &Identity{Header: id.Header, Anonymous: id.Anonymous}
+		if m := id.Metadata; m != nil {
+			cfg.Identity.MetadataNamespace, cfg.Identity.MetadataPath = m.Namespace, slices.Clone(m.Path)
+		}
+	}
+	for i := range s.Tenants {
+		b := &s.Tenants[i]
+		tb := bindingFromGrants(&b.TenantGrants)
+		tb.Name = b.Name
+		tb.Match = TenantMatch{Exact: slices.Clone(b.Match.Exact), Prefix: slices.Clone(b.Match.Prefix)}
+		cfg.Tenants = append(cfg.Tenants, tb)
+	}
+	if g := s.DefaultTenant; g != nil {
+		b := bindingFromGrants(g)
+		cfg.DefaultTenant = &b
+	}
+}
+
+func bindingFromGrants(g *v1alpha1.TenantGrants) TenantBinding {
+	return TenantBinding{
+		Allowed:               slices.Clone(g.Allowed),
+		DefaultFamily:         g.DefaultFamily,
+		Weight:                clonePtr(g.Weight),
+		MaxPriority:           clonePtr(g.MaxPriority),
+		MaxStrictPriority:     clonePtr(g.MaxStrictPriority),
+		RequestQueueLimit:     clonePtr(g.RequestQueueLimit),
+		RawISLTokenQueueLimit: clonePtr(g.RawISLTokenQueueLimit),
+	}
+}
+
+func grantsFromBinding(b *TenantBinding) v1alpha1.TenantGrants {
+	return v1alpha1.TenantGrants{
+		Allowed:               slices.Clone(b.Allowed),
+		DefaultFamily:         b.DefaultFamily,
+		Weight:                clonePtr(b.Weight),
+		MaxPriority:           clonePtr(b.MaxPriority),
+		MaxStrictPriority:     clonePtr(b.MaxStrictPriority),
+		RequestQueueLimit:     clonePtr(b.RequestQueueLimit),
+		RawISLTokenQueueLimit: clonePtr(b.RawISLTokenQueueLimit),
+	}
+}
+
+// tenantsToSpec writes cfg's tenant rules into a PolicyProfile spec.
+func tenantsToSpec(cfg *Config, s *v1alpha1.PolicyProfileSpec) {
+	if id := cfg.Identity; id != nil {
+		s.Identity = &v1alpha1.Identity{Header: id.Header, Anonymous: id.Anonymous}
+		if id.MetadataNamespace != "" || len(id.MetadataPath) > 0 {
+			s.Identity.Metadata = &v1alpha1.IdentityMetadata{Namespace: id.MetadataNamespace, Path: slices.Clone(id.MetadataPath)}
+		}
+	}
+	for i := range cfg.Tenants {
+		b := &cfg.Tenants[i]
+		s.Tenants = append(s.Tenants, v1alpha1.TenantBinding{
+			Name:         b.Name,
+			Match:        v1alpha1.TenantMatch{Exact: slices.Clone(b.Match.Exact), Prefix: slices.Clone(b.Match.Prefix)},
+			TenantGrants: grantsFromBinding(b),
+		})
+	}
+	if b := cfg.DefaultTenant; b != nil {
+		g := grantsFromBinding(b)
+		s.DefaultTenant = &g
+	}
+}
+
+// hasTenantRules reports whether cfg says anything about tenants.
+func (c *Config) hasTenantRules() bool {
+	return c.Identity != nil || len(c.Tenants) > 0 || c.DefaultTenant != nil
+}
+
 // parseDecimal reads a decimal-string field (admission already checked its
 // syntax; this catches objects written before, or overflow).
 func parseDecimal(field string, s *string) (*float64, error) {
@@ -207,6 +280,8 @@ func classFromSpec(name string, s *v1alpha1.PolicyClassSpec) (Class, error) {
 		RequestQueueLimitPerWorker:     clonePtr(s.RequestQueueLimitPerWorker),
 		RawISLTokenQueueLimitPerWorker: clonePtr(s.RawISLTokenQueueLimitPerWorker),
 		CachedTokenQueueLimitPerWorker: clonePtr(s.CachedTokenQueueLimitPerWorker),
+		TenantFairness:                 s.TenantFairness,
+		MaxTenants:                     clonePtr(s.MaxTenants),
 	}
 	if c.QueuePolicy == "" {
 		c.QueuePolicy = DefaultQueuePolicy
@@ -235,8 +310,9 @@ func clonePtr[T any](p *T) *T {
 // it with the same rules and messages as the YAML loader, attributing each
 // problem to the objects involved: a class problem to the PolicyClass
 // objects of that class, a family problem to the family's classes, a
-// profile-level problem to the PolicyProfile (or, without one, to the
-// profile's classes).
+// profile-level or tenant-rule problem (identity, bindings, default
+// binding) to the PolicyProfile (or, without one, to the profile's
+// classes).
 func CheckObjects(profiles []v1alpha1.PolicyProfile, classes []v1alpha1.PolicyClass) *ObjectCheck {
 	cfg, ps, refs := fromObjects(profiles, classes)
 	oc := &ObjectCheck{byObject: map[ObjectRef][]int{}}
@@ -297,12 +373,14 @@ func CheckObjects(profiles []v1alpha1.PolicyProfile, classes []v1alpha1.PolicyCl
 }
 
 // ToObjects converts a Config to the objects of one pool in namespace ns:
-// one PolicyProfile named after the pool (nil for the empty Config, whose
-// synthetic class needs no objects) and one PolicyClass per class. Applied,
-// they resolve requests exactly like the Config: an implicit default class
-// (the first listed one) is made explicit, since objects have no order.
+// one PolicyProfile named after the pool, carrying the pool-level settings
+// and the tenant rules (nil for the empty Config, whose synthetic class
+// needs no objects), and one PolicyClass per class. Applied, they resolve
+// requests exactly like the Config: an implicit default class (the first
+// listed one) is made explicit, since objects have no order; tenant
+// bindings keep their order, which decides the first match.
 func ToObjects(cfg *Config, pool, ns string) (*v1alpha1.PolicyProfile, []v1alpha1.PolicyClass) {
-	if len(cfg.Root.Classes) == 0 && len(cfg.Models) == 0 && cfg.Root.DefaultFamily == "" && len(cfg.Root.Buckets) == 0 {
+	if len(cfg.Root.Classes) == 0 && len(cfg.Models) == 0 && cfg.Root.DefaultFamily == "" && len(cfg.Root.Buckets) == 0 && !cfg.hasTenantRules() {
 		return nil, nil
 	}
 	canon := cfg.Canonical()
@@ -318,6 +396,7 @@ func ToObjects(cfg *Config, pool, ns string) (*v1alpha1.PolicyProfile, []v1alpha
 			DefaultPolicyClass:  canon.Root.DefaultClass,
 		},
 	}
+	tenantsToSpec(canon, &prof.Spec)
 	var classes []v1alpha1.PolicyClass
 	used := map[string]bool{}
 	add := func(model string, c *Class) {
@@ -366,6 +445,8 @@ func specFromClass(model string, c *Class) v1alpha1.PolicyClassSpec {
 		RequestQueueLimitPerWorker:     clonePtr(c.RequestQueueLimitPerWorker),
 		RawISLTokenQueueLimitPerWorker: clonePtr(c.RawISLTokenQueueLimitPerWorker),
 		CachedTokenQueueLimitPerWorker: clonePtr(c.CachedTokenQueueLimitPerWorker),
+		TenantFairness:                 c.TenantFairness,
+		MaxTenants:                     clonePtr(c.MaxTenants),
 	}
 	if c.PrefillBusyThresholdFrac != nil {
 		s.PrefillBusyThresholdFrac = ptr(formatFloat(*c.PrefillBusyThresholdFrac))

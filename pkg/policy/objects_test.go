@@ -16,6 +16,7 @@ var sampleFiles = []string{
 	"policy-premium-regular.yaml",
 	"policy-single-class.yaml",
 	"policy-models.yaml",
+	"policy-tenants.yaml",
 }
 
 // resolveGrid is a set of requests that exercises every class of the
@@ -61,6 +62,79 @@ func TestObjectsRoundTrip(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestObjectsRoundTripTenants converts the issue's tenant policy to
+// objects and back: the same model in canonical form, the same identity
+// source, and every identity gets the same grant and every request the
+// same class.
+func TestObjectsRoundTripTenants(t *testing.T) {
+	cfg, err := LoadYAML([]byte(tenantPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, classes := ToObjects(cfg, "llm", "ns")
+	if prof.Spec.Identity == nil || len(prof.Spec.Tenants) != 2 || prof.Spec.DefaultTenant == nil {
+		t.Fatalf("PolicyProfile lacks the tenant rules: %+v", prof.Spec)
+	}
+	fair := 0
+	for _, c := range classes {
+		if c.Spec.TenantFairness {
+			fair++
+		}
+	}
+	if fair != 2 {
+		t.Errorf("%d tenant-fair PolicyClasses, want 2", fair)
+	}
+	oc := CheckObjects([]v1alpha1.PolicyProfile{*prof}, classes)
+	if len(oc.Problems) > 0 {
+		t.Fatalf("CheckObjects: %v", oc.Problems)
+	}
+	if got, want := oc.Config.Canonical(), cfg.Canonical(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("round trip changed the model:\n got %+v\nwant %+v", got, want)
+	}
+	file, err := cfg.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := oc.Config.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := file.Identity().String(), back.Identity().String(); a != b {
+		t.Errorf("identity: file %q, objects %q", a, b)
+	}
+	_, headers, uncached := resolveGrid()
+	for _, id := range []string{"", "acme", "acme-batch", "acme-x", "acme-y", "globex", "nobody"} {
+		a, b := file.Grant(id), back.Grant(id)
+		if a.Tenant != b.Tenant || a.CapPriority(1<<30) != b.CapPriority(1<<30) || a.CapStrict(1<<31) != b.CapStrict(1<<31) {
+			t.Errorf("Grant(%q): file %+v, objects %+v", id, a.Tenant, b.Tenant)
+		}
+		for _, h := range headers {
+			for _, u := range uncached {
+				if x, y := file.Info[file.ResolveFor("", h, u, &a)], back.Info[back.ResolveFor("", h, u, &b)]; x != y {
+					t.Errorf("tenant %q header %q uncached %d: file %s, objects %s", id, h, u, x.Name, y.Name)
+				}
+			}
+		}
+	}
+}
+
+// TestToObjectsTenantsOnly: tenant rules alone (no classes) still make a
+// PolicyProfile, since without one the identity would be lost.
+func TestToObjectsTenantsOnly(t *testing.T) {
+	cfg, err := LoadYAML([]byte("identity: {header: x-tenant-id}\ndefault_tenant: {max_priority: 3}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, classes := ToObjects(cfg, "llm", "ns")
+	if prof == nil || len(classes) != 0 || prof.Spec.Identity.Header != "x-tenant-id" || *prof.Spec.DefaultTenant.MaxPriority != 3 {
+		t.Fatalf("ToObjects = %+v, %d classes", prof, len(classes))
+	}
+	back, ps := FromObjects([]v1alpha1.PolicyProfile{*prof}, nil)
+	if len(ps) > 0 || !reflect.DeepEqual(back.Canonical(), cfg.Canonical()) {
+		t.Fatalf("round trip: %+v (problems %v), want %+v", back, ps, cfg)
 	}
 }
 
@@ -157,6 +231,12 @@ func profile(name string, family string, buckets ...string) v1alpha1.PolicyProfi
 	return p
 }
 
+// withTenants applies mut to a profile's spec.
+func withTenants(p v1alpha1.PolicyProfile, mut func(*v1alpha1.PolicyProfileSpec)) v1alpha1.PolicyProfile {
+	mut(&p.Spec)
+	return p
+}
+
 // TestCheckObjects checks that cross-object problems carry the YAML
 // loader's messages and land on the objects involved.
 func TestCheckObjects(t *testing.T) {
@@ -245,6 +325,37 @@ func TestCheckObjects(t *testing.T) {
 				s.PrefillBusyThresholdFrac = ptr("lots")
 			})},
 			want: []want{{cls("a"), v1alpha1.ReasonInvalid, `PolicyClass "a": prefillBusyThresholdFrac "lots" is not a decimal number: strconv.ParseFloat: parsing "lots": invalid syntax`}},
+		},
+		{
+			name: "tenant rules are judged with the classes and land on the profile",
+			profiles: []v1alpha1.PolicyProfile{withTenants(profile("llm", ""), func(s *v1alpha1.PolicyProfileSpec) {
+				s.Tenants = []v1alpha1.TenantBinding{{Name: "acme", Match: v1alpha1.TenantMatch{Exact: []string{"acme"}},
+					TenantGrants: v1alpha1.TenantGrants{Allowed: []string{"gold"}, DefaultFamily: "gold"}}}
+			})},
+			classes: []v1alpha1.PolicyClass{pc("silver", nil)},
+			want: []want{
+				{prf("llm"), v1alpha1.ReasonInvalid, `tenant "acme": allowed "gold" names no policy family or explicit class` + "\n" +
+					`tenant "acme": default_family "gold" names no policy family or explicit class`},
+				{cls("silver"), v1alpha1.ReasonPolicyInvalid, ""},
+			},
+		},
+		{
+			name: "a binding naming a class that exists is valid",
+			profiles: []v1alpha1.PolicyProfile{withTenants(profile("llm", ""), func(s *v1alpha1.PolicyProfileSpec) {
+				s.Identity = &v1alpha1.Identity{Header: "x-tenant-id"}
+				s.DefaultTenant = &v1alpha1.TenantGrants{Allowed: []string{"silver"}, DefaultFamily: "silver"}
+			})},
+			classes: []v1alpha1.PolicyClass{pc("silver", func(s *v1alpha1.PolicyClassSpec) { s.TenantFairness = true })},
+			want:    []want{{prf("llm"), v1alpha1.ReasonAccepted, ""}, {cls("silver"), v1alpha1.ReasonAccepted, ""}},
+		},
+		{
+			name:     "maxTenants without tenantFairness lands on the class",
+			profiles: []v1alpha1.PolicyProfile{profile("llm", "")},
+			classes:  []v1alpha1.PolicyClass{pc("silver", func(s *v1alpha1.PolicyClassSpec) { s.MaxTenants = ptr[int64](5) })},
+			want: []want{
+				{cls("silver"), v1alpha1.ReasonInvalid, `class "silver": max_tenants is set without tenant_fairness`},
+				{prf("llm"), v1alpha1.ReasonPolicyInvalid, ""},
+			},
 		},
 		{
 			name:     "model profile problems carry the model",

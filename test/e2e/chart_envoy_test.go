@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
 	"github.com/laneway-dev/laneway/pkg/extproc"
@@ -38,6 +39,47 @@ func unpackValid(t *testing.T, what string, a *anypb.Any, out proto.Message) {
 	}
 }
 
+// envoyBootstrap parses the rendered Envoy ConfigMap's envoy.yaml as an
+// Envoy v3 Bootstrap and runs the API's validation rules on it.
+func envoyBootstrap(t *testing.T, objs []*unstructured.Unstructured, name string) (*corev1.ConfigMap, *bootstrapv3.Bootstrap) {
+	t.Helper()
+	cm := fromUnstructured[corev1.ConfigMap](t, mustFind(t, objs, "ConfigMap", name))
+	js, err := yaml.YAMLToJSON([]byte(cm.Data["envoy.yaml"]))
+	if err != nil {
+		t.Fatalf("envoy.yaml is not YAML: %v", err)
+	}
+	var bs bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(js, &bs); err != nil {
+		t.Fatalf("envoy.yaml is not a v3 Bootstrap: %v\n%s", err, cm.Data["envoy.yaml"])
+	}
+	if err := bs.ValidateAll(); err != nil {
+		t.Fatalf("bootstrap does not validate: %v", err)
+	}
+	return cm, &bs
+}
+
+// envoyClusters returns the bootstrap's static clusters by name.
+func envoyClusters(bs *bootstrapv3.Bootstrap) map[string]*clusterv3.Cluster {
+	clusters := map[string]*clusterv3.Cluster{}
+	for _, c := range bs.GetStaticResources().GetClusters() {
+		clusters[c.GetName()] = c
+	}
+	return clusters
+}
+
+// envoyListeners returns each listener's HTTP connection manager by
+// listener name.
+func envoyListeners(t *testing.T, bs *bootstrapv3.Bootstrap) map[string]*hcmv3.HttpConnectionManager {
+	t.Helper()
+	listeners := map[string]*hcmv3.HttpConnectionManager{}
+	for _, l := range bs.GetStaticResources().GetListeners() {
+		var hcm hcmv3.HttpConnectionManager
+		unpackValid(t, "listener "+l.GetName(), l.GetFilterChains()[0].GetFilters()[0].GetTypedConfig(), &hcm)
+		listeners[l.GetName()] = &hcm
+	}
+	return listeners
+}
+
 // TestChartEnvoyConfig parses the Envoy data plane's configuration as an
 // Envoy v3 Bootstrap (there is no Envoy binary here, so the API's own
 // validation rules are the check) and verifies the SPEC §7 wiring, with the
@@ -55,26 +97,12 @@ func TestChartEnvoyConfig(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := render(t, tc.render)
-			cm := fromUnstructured[corev1.ConfigMap](t, mustFind(t, objs, "ConfigMap", "gw-laneway-envoy"))
-			js, err := yaml.YAMLToJSON([]byte(cm.Data["envoy.yaml"]))
-			if err != nil {
-				t.Fatalf("envoy.yaml is not YAML: %v", err)
-			}
-			var bs bootstrapv3.Bootstrap
-			if err := protojson.Unmarshal(js, &bs); err != nil {
-				t.Fatalf("envoy.yaml is not a v3 Bootstrap: %v\n%s", err, cm.Data["envoy.yaml"])
-			}
-			if err := bs.ValidateAll(); err != nil {
-				t.Fatalf("bootstrap does not validate: %v", err)
-			}
+			cm, bs := envoyBootstrap(t, objs, "gw-laneway-envoy")
 			if a := bs.GetAdmin().GetAddress().GetSocketAddress().GetAddress(); a != "127.0.0.1" {
 				t.Errorf("admin listens on %q, want loopback only", a)
 			}
 
-			clusters := map[string]*clusterv3.Cluster{}
-			for _, c := range bs.GetStaticResources().GetClusters() {
-				clusters[c.GetName()] = c
-			}
+			clusters := envoyClusters(bs)
 			pool := clusters["inference_pool"]
 			if pool.GetType() != clusterv3.Cluster_ORIGINAL_DST || pool.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED ||
 				!pool.GetOriginalDstLbConfig().GetUseHttpHeader() ||
@@ -109,12 +137,7 @@ func TestChartEnvoyConfig(t *testing.T) {
 				t.Errorf("laneway_epp health checks %v, want gRPC on %s", hcs, extproc.ServiceName)
 			}
 
-			listeners := map[string]*hcmv3.HttpConnectionManager{}
-			for _, l := range bs.GetStaticResources().GetListeners() {
-				var hcm hcmv3.HttpConnectionManager
-				unpackValid(t, "listener "+l.GetName(), l.GetFilterChains()[0].GetFilters()[0].GetTypedConfig(), &hcm)
-				listeners[l.GetName()] = &hcm
-			}
+			listeners := envoyListeners(t, bs)
 			filters := listeners["inference"].GetHttpFilters()
 			if len(filters) != 2 || filters[0].GetName() != "envoy.filters.http.ext_proc" || filters[1].GetName() != "envoy.filters.http.router" {
 				t.Fatalf("inference listener filters %v, want ext_proc then router", filters)

@@ -141,6 +141,8 @@ var wantKinds = map[string]map[string]int{
 		"ServiceMonitor": 1, "ConfigMap": 1},
 	"full": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"InferencePool": 1, "PolicyProfile": 1, "PolicyClass": 4},
+	"tenants": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 2, "Deployment": 2,
+		"ConfigMap": 1, "InferencePool": 1, "PolicyProfile": 1, "PolicyClass": 4},
 }
 
 // serviceMonitorCRD is a stand-in for the Prometheus Operator's CRD, which
@@ -241,28 +243,31 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 // TestChartPolicyMatchesConvert: the chart's PolicyProfile and PolicyClass
-// objects for the SPEC §11 policy are what `laneway convert` makes of the
-// same policy YAML, and every CI value set's policy objects form a valid
-// policy for pkg/policy (the picker's own check).
+// objects for the SPEC §11 policy and for the tenants sample are what
+// `laneway convert` makes of the same policy YAML, and every CI value
+// set's policy objects form a valid policy for pkg/policy (the picker's
+// own check).
 func TestChartPolicyMatchesConvert(t *testing.T) {
 	sets := ciValueSets(t)
-	objs := render(t, renderArgs{release: "laneway", namespace: "ml", valuesFiles: []string{sets["pool-policy"]}})
-	cfg, err := policy.LoadFile(filepath.Join(shared.root, "config", "samples", "policy-premium-regular.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantProf, wantClasses := policy.ToObjects(cfg, "llm", "ml")
-	gotProf := fromUnstructured[v1alpha1.PolicyProfile](t, mustFind(t, objs, "PolicyProfile", "llm"))
-	if !reflect.DeepEqual(gotProf.Spec, wantProf.Spec) {
-		t.Errorf("PolicyProfile spec\n got %+v\nwant %+v", gotProf.Spec, wantProf.Spec)
-	}
-	for _, want := range wantClasses {
-		got := fromUnstructured[v1alpha1.PolicyClass](t, mustFind(t, objs, "PolicyClass", want.Name))
-		if !reflect.DeepEqual(got.Spec, want.Spec) {
-			t.Errorf("PolicyClass %s spec\n got %+v\nwant %+v", want.Name, got.Spec, want.Spec)
+	for set, sample := range map[string]string{"pool-policy": "policy-premium-regular.yaml", "tenants": "policy-tenants.yaml"} {
+		objs := render(t, renderArgs{release: "laneway", namespace: "ml", valuesFiles: []string{sets[set]}})
+		cfg, err := policy.LoadFile(filepath.Join(shared.root, "config", "samples", sample))
+		if err != nil {
+			t.Fatal(err)
 		}
-		if got.Labels[policy.PoolLabel] != "llm" {
-			t.Errorf("PolicyClass %s labels %v, want %s=llm", got.Name, got.Labels, policy.PoolLabel)
+		wantProf, wantClasses := policy.ToObjects(cfg, "llm", "ml")
+		gotProf := fromUnstructured[v1alpha1.PolicyProfile](t, mustFind(t, objs, "PolicyProfile", "llm"))
+		if !reflect.DeepEqual(gotProf.Spec, wantProf.Spec) {
+			t.Errorf("%s: PolicyProfile spec\n got %+v\nwant %+v", set, gotProf.Spec, wantProf.Spec)
+		}
+		for _, want := range wantClasses {
+			got := fromUnstructured[v1alpha1.PolicyClass](t, mustFind(t, objs, "PolicyClass", want.Name))
+			if !reflect.DeepEqual(got.Spec, want.Spec) {
+				t.Errorf("%s: PolicyClass %s spec\n got %+v\nwant %+v", set, want.Name, got.Spec, want.Spec)
+			}
+			if got.Labels[policy.PoolLabel] != "llm" {
+				t.Errorf("%s: PolicyClass %s labels %v, want %s=llm", set, got.Name, got.Labels, policy.PoolLabel)
+			}
 		}
 	}
 
@@ -495,6 +500,22 @@ func TestChartSchemaRejects(t *testing.T) {
 		{"no selector for a created pool", "inferencePool:\n  create: true\n  selector: null\n", []string{"inferencePool.selector"}},
 		{"misspelt top-level key", "inferencepool:\n  create: true\n", []string{"inferencepool"}},
 		{"bad envoy timeout", "envoy:\n  messageTimeout: 5m\n", []string{"/envoy/messageTimeout"}},
+		{"upper-case identity header", "policy:\n  profile:\n    identity: {header: X-Tenant}\n", []string{"/policy/profile/identity/header"}},
+		{"identity without a source", "policy:\n  profile:\n    identity: {anonymous: x}\n", []string{"/policy/profile/identity"}},
+		{"metadata without path", "policy:\n  profile:\n    identity: {metadata: {namespace: ns}}\n", []string{"/policy/profile/identity/metadata", "path"}},
+		{"binding without match", "policy:\n  profile:\n    tenants: [{name: a}]\n", []string{"/policy/profile/tenants/0", "match"}},
+		{"tenant weight 0", "policy:\n  profile:\n    tenants: [{name: a, match: {exact: [a]}, weight: 0}]\n", []string{"/policy/profile/tenants/0/weight", "minimum"}},
+		{"allowed without default", "policy:\n  profile:\n    defaultTenant: {allowed: [a]}\n", []string{"/policy/profile/defaultTenant", "defaultFamily"}},
+		{"strict cap beyond uint32", "policy:\n  profile:\n    defaultTenant: {maxStrictPriority: 4294967296}\n", []string{"/policy/profile/defaultTenant/maxStrictPriority"}},
+		{"misspelt tenant field", "policy:\n  profile:\n    defaultTenant: {weigth: 2}\n", []string{"/policy/profile/defaultTenant", "weigth"}},
+		{"maxTenants without tenantFairness", "policy:\n  classes:\n  - {name: a, quantum: 1, maxTenants: 5}\n", []string{"/policy/classes/0", "tenantFairness"}},
+		{"jwt without keys", "envoy:\n  enabled: true\n  jwt: {provider: p, issuer: i}\n", []string{"envoy.jwt", "remoteJwksUri or localJwks"}},
+		{"jwt with both keys", "envoy:\n  enabled: true\n  jwt: {provider: p, issuer: i, localJwks: '{}', remoteJwksUri: 'https://a/k'}\n", []string{"envoy.jwt", "not both"}},
+		{"jwt without issuer", "envoy:\n  enabled: true\n  jwt: {provider: p, localJwks: '{}'}\n", []string{"envoy.jwt", "issuer"}},
+		{"jwks not a URL", "envoy:\n  jwt: {remoteJwksUri: 'auth.example.com'}\n", []string{"/envoy/jwt/remoteJwksUri"}},
+		{"metadata path not under the provider", "envoy:\n  enabled: true\n  jwt: {provider: p, issuer: i, localJwks: '{}'}\n" +
+			"policy:\n  profile:\n    identity: {metadata: {namespace: envoy.filters.http.jwt_authn, path: [other, sub]}}\n",
+			[]string{"policy.profile.identity.metadata.path", `envoy.jwt.provider "p"`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -680,4 +701,23 @@ func TestChartHelmInstall(t *testing.T) {
 		t.Errorf("helm upgrade output:\n%s", out)
 	}
 	helm("uninstall", "lw", "--namespace", "helm-install")
+
+	// With identity, the notes say which client headers Envoy removes and
+	// send a token instead of a class header.
+	out = helm("install", "lwt", chartDir(), "--namespace", "helm-tenants", "--create-namespace",
+		"-f", filepath.Join(chartDir(), "ci", "tenants-values.yaml"), "--set", "inferencePool.name=llmt")
+	for _, want := range []string{
+		"STATUS: deployed",
+		"removes client copies of\nx-tenant-id, x-laneway-tenant, x-laneway-policy-class,",
+		`JWT provider "my-provider" then sets the headers`,
+		`-H "authorization: Bearer $TOKEN"`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("helm install (tenants) output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "x-dynamo-meta-policy-class: ") || strings.Contains(out, "WARNING") {
+		t.Errorf("helm install (tenants) output suggests a class header or warns:\n%s", out)
+	}
+	helm("uninstall", "lwt", "--namespace", "helm-tenants")
 }

@@ -101,3 +101,39 @@ lowercased, other characters as '-'. Called with (dict "pool" "model"
 {{- $raw := join "-" $parts | lower }}
 {{- regexReplaceAll "[^a-z0-9.-]" $raw "-" | trunc 200 | trimSuffix "-" | trimSuffix "." }}
 {{- end }}
+
+{{/*
+The request headers the chart's Envoy removes from what clients send, as a
+JSON list: none without policy.profile.identity; with it, the identity
+header and x-laneway-tenant, and unless envoy.stripClientHints is false the
+class and priority headers too (SPEC §6, §14). It also checks the identity
+and JWT values that only make sense together.
+*/}}
+{{- define "laneway.strippedHeaders" -}}
+{{- $identity := dig "identity" dict .Values.policy.profile }}
+{{- $jwt := .Values.envoy.jwt }}
+{{- if $jwt.provider }}
+{{- if and $jwt.remoteJwksUri $jwt.localJwks }}
+{{- fail "envoy.jwt: set remoteJwksUri or localJwks, not both" }}
+{{- else if not (or $jwt.remoteJwksUri $jwt.localJwks) }}
+{{- fail "envoy.jwt: a provider needs its keys: set remoteJwksUri or localJwks" }}
+{{- end }}
+{{- if not $jwt.issuer }}
+{{- fail "envoy.jwt: set issuer (the iss claim the tokens carry)" }}
+{{- end }}
+{{- with $identity.metadata }}
+{{- if and (eq .namespace "envoy.filters.http.jwt_authn") (ne (first .path) $jwt.provider) }}
+{{- fail (printf "policy.profile.identity.metadata.path starts with %q, but the chart's jwt_authn writes the payload under envoy.jwt.provider %q: use path [%s, <claim>]" (first .path) $jwt.provider $jwt.provider) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $strip := list }}
+{{- if $identity }}
+{{- with $identity.header }}{{ $strip = append $strip . }}{{ end }}
+{{- $strip = append $strip "x-laneway-tenant" }}
+{{- if .Values.envoy.stripClientHints }}
+{{- $strip = concat $strip (list "x-laneway-policy-class" "x-dynamo-meta-policy-class" "x-laneway-priority" "x-laneway-strict-priority" "x-dynamo-request-priority" "x-dynamo-request-strict-priority") }}
+{{- end }}
+{{- end }}
+{{- uniq $strip | toJson }}
+{{- end }}
