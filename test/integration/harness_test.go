@@ -368,3 +368,21 @@ func pinned(s extprocclient.RequestSpec, endpoints ...string) extprocclient.Requ
 	s.Subset = &extprocclient.SubsetHint{Endpoints: endpoints}
 	return s
 }
+
+// releaseOneByOne completes holder's stream, takes the next request
+// released into ch, requires it routed and makes it the holder, n times,
+// and returns the names in release order and the last holder (still open).
+// For queues behind one busy endpoint where each first byte lets exactly
+// one request through.
+func releaseOneByOne(t *testing.T, holder *extprocclient.Exchange, ch <-chan started, n int) ([]string, *extprocclient.Exchange) {
+	t.Helper()
+	var order []string
+	for range n {
+		completeStream(t, holder)
+		next := await(t, ch)
+		mustRoute(t, next.ex)
+		order = append(order, next.name)
+		holder = next.ex
+	}
+	return order, holder
+}

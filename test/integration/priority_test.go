@@ -49,14 +49,7 @@ func TestPriorityOrder(t *testing.T) {
 		p.Metrics.Await(t, float64(i+1), "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
 	}
 
-	var order []string
-	for range reqs {
-		completeStream(t, holder)
-		next := await(t, released)
-		mustRoute(t, next.ex)
-		order = append(order, next.name)
-		holder = next.ex
-	}
+	order, holder := releaseOneByOne(t, holder, released, len(reqs))
 	completeStream(t, holder)
 	want := []string{
 		"strict 2 by body",

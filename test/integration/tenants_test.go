@@ -100,14 +100,7 @@ func TestTenantCannotClaimPremium(t *testing.T) {
 			if got := p.Metrics.Value(t, "dynamo_frontend_router_queue_pending_requests", "policy_class", "regular"); got != 4 {
 				t.Errorf("regular holds %v queued requests, want eve and mallory's 3", got)
 			}
-			var order []string
-			for range queue {
-				completeStream(t, holder)
-				next := await(t, released)
-				mustRoute(t, next.ex)
-				order = append(order, next.name)
-				holder = next.ex
-			}
+			order, holder := releaseOneByOne(t, holder, released, len(queue))
 			completeStream(t, holder)
 			want := []string{"vip 1", "vip 2", "vip 3", "vip 4", "eve", "mallory 1", "mallory 2", "mallory 3"}
 			if !slices.Equal(order, want) {
@@ -169,12 +162,7 @@ policy_classes:
 	if got := p.Metrics.Value(t, "laneway_tenants_active", "policy_class", "shared"); got != 2 {
 		t.Errorf("laneway_tenants_active = %v, want 2", got)
 	}
-	for range 3 {
-		completeStream(t, holder)
-		next := await(t, queued)
-		mustRoute(t, next.ex)
-		holder = next.ex
-	}
+	_, holder = releaseOneByOne(t, holder, queued, 3)
 	completeStream(t, holder)
 }
 
@@ -205,14 +193,7 @@ policy_classes:
 	}
 	// The first grant went to a directly (500 tokens). Release two more:
 	// the tenant DRR serves a then b.
-	var served []string
-	for range 2 {
-		completeStream(t, holder)
-		next := await(t, queued)
-		mustRoute(t, next.ex)
-		served = append(served, next.name)
-		holder = next.ex
-	}
+	served, holder := releaseOneByOne(t, holder, queued, 2)
 	if !slices.Equal(served, []string{"a", "b"}) {
 		t.Fatalf("released %v, want a then b", served)
 	}
@@ -227,12 +208,7 @@ policy_classes:
 	if want := 810.0 * 810 / (2 * (650*650 + 160*160)); cls.JainIndex == nil || *cls.JainIndex != want || cls.BackloggedTenants != 2 {
 		t.Errorf("jain index %v over %d tenants, want %v over 2", cls.JainIndex, cls.BackloggedTenants, want)
 	}
-	for range 3 {
-		completeStream(t, holder)
-		next := await(t, queued)
-		mustRoute(t, next.ex)
-		holder = next.ex
-	}
+	_, holder = releaseOneByOne(t, holder, queued, 3)
 	completeStream(t, holder)
 	table := runLaneway(t, "status", "--epp", p.MetricsAddr)
 	for _, want := range []string{"class shared", "queued by tenant", "served, last minute", "endpoint", "127.0.0.2:8000"} {
