@@ -384,3 +384,38 @@ func TestTenantsInOutputs(t *testing.T) {
 		t.Fatalf("tenants %+v, Jain %v", p.Tenants, p.Total.JainTenants)
 	}
 }
+
+// TestScrapedRunEnds: with scraping on, a run still ends when its last
+// request has (scrapes recur forever otherwise), and SPEC §11's shares do
+// not change: the picker sends all the load, so scrapes show no stranger's.
+func TestScrapedRunEnds(t *testing.T) {
+	tr, err := Generate(weightedShareSpec, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := policy.LoadYAML([]byte(workload.PolicyYAML(512, 128)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPolicy("w", cfg, PickerPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := NewFleet(1, DemoEngine())
+	done := make(chan *Result, 1)
+	go func() {
+		res, err := Run(tr, f, p, Options{Seed: 1, ScrapeInterval: 100 * time.Millisecond})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	select {
+	case res := <-done:
+		if s := Summarize(tr, res); classOf(t, s, "premium").FirstN < 252 || s.Total.Completed != 640 {
+			t.Fatalf("scraped run: premium %d of the first 320, %d completed", classOf(t, s, "premium").FirstN, s.Total.Completed)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a run with scraping did not end")
+	}
+}
