@@ -86,7 +86,7 @@ func WritePlots(dir string, t *Trace, results []*Result) ([]string, error) {
 			}
 			plots = append(plots, p)
 		}
-		shareAxes(plots)
+		shareAxes(plots, fig.name != PlotTTFT)
 		fs, err := render(filepath.Join(dir, fig.name), plots)
 		files = append(files, fs...)
 		if err != nil {
@@ -282,15 +282,15 @@ func queuePanel(t *Trace, t0 int64, names []string, res *Result) (*plot.Plot, er
 }
 
 // shareAxes gives every panel the same ranges, so heights and times
-// compare across panels.
-func shareAxes(ps []*plot.Plot) {
-	if len(ps) < 2 {
-		return
-	}
+// compare across panels; headroom leaves the top fifth for the legend.
+func shareAxes(ps []*plot.Plot, headroom bool) {
 	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
 	for _, p := range ps {
 		xmin, xmax = min(xmin, p.X.Min), max(xmax, p.X.Max)
 		ymin, ymax = min(ymin, p.Y.Min), max(ymax, p.Y.Max)
+	}
+	if headroom {
+		ymax += (ymax - ymin) / 4
 	}
 	for _, p := range ps {
 		p.X.Min, p.X.Max, p.Y.Min, p.Y.Max = xmin, xmax, ymin, ymax
