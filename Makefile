@@ -54,6 +54,11 @@ vet: staticcheck ## go vet, staticcheck and a gofmt check.
 bench: ## Run every benchmark once with allocation figures.
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
+.PHONY: bench-quality
+bench-quality: build ## The scheduling-quality benchmark (minutes; not in make test): overload, tenants and scale scenarios of laneway simulate, and one overload run both ways (real processes and simulated). Report in out/bench-quality.
+	LANEWAY_BENCH_QUALITY=1 LANEWAY_BIN=$(BIN) LANEWAY_BENCH_OUT=$(CURDIR)/out/bench-quality \
+	  $(GO) test -count=1 -timeout 30m -run '^TestBenchQuality$$' -v ./internal/simulate/quality/
+
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
 	@set -e; for pkg in $$($(GO) list $(PKGS)); do \

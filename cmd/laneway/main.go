@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 
+	"github.com/laneway-dev/laneway/internal/simulate"
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
@@ -19,6 +20,7 @@ const usage = `usage:
   laneway validate FILE
   laneway convert FILE --pool NAME [--namespace NS]
   laneway status --epp HOST:PORT [--watch] [--output json]
+  laneway simulate (--trace FILE | --generate SPEC) [--policy FILE|none|round-robin]... [--servers N] [--out DIR] [flags]
 `
 
 // Exit codes.
@@ -46,6 +48,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runConvert(args[1:], stdout, stderr)
 	case "status":
 		return runStatus(args[1:], stdout, stderr)
+	case "simulate":
+		return runSimulate(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
@@ -313,4 +317,32 @@ func manifest(obj any) ([]byte, error) {
 		return nil, fmt.Errorf("render object as YAML: %w", err)
 	}
 	return out, nil
+}
+
+func runSimulate(args []string, stdout, stderr io.Writer) int {
+	cfg := simulate.DefaultConfig()
+	fs := newFlagSet("simulate", stderr)
+	cfg.AddFlags(fs)
+	help := fs.BoolP("help", "h", false, "show the flags and the --generate grammar")
+	err := fs.Parse(args)
+	switch {
+	case err != nil:
+	case fs.NArg() > 0:
+		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case (cfg.Trace == "") == (cfg.Generate == ""):
+		err = errors.New("give one of --trace FILE and --generate SPEC")
+	}
+	if *help {
+		fmt.Fprintf(stdout, "usage: laneway simulate (--trace FILE | --generate SPEC) [flags]\n\nflags:\n%s\n%s\n", fs.FlagUsages(), simulate.GenerateGrammar)
+		return exitOK
+	}
+	if err != nil {
+		usageError(stderr, "simulate", err)
+		return exitUsage
+	}
+	if err := simulate.Main(&cfg, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "laneway simulate: %v\n", err)
+		return exitInvalid
+	}
+	return exitOK
 }

@@ -338,3 +338,58 @@ func dump(c *policy.Config) string {
 	}
 	return string(out)
 }
+
+// TestSimulate runs `laneway simulate` in-process on a generated trace with
+// a policy file and a baseline and checks it writes the table, the JSON,
+// requests.jsonl per policy and the plots.
+func TestSimulate(t *testing.T) {
+	out := t.TempDir()
+	code, stdout, stderr := runCLI("simulate",
+		"--generate", "class=premium,arrival=once,count=40,prompt=512,output=2;class=regular,arrival=once,count=40,prompt=512,output=2",
+		"--policy", filepath.Join(samples, "policy-premium-regular.yaml"), "--policy", "none",
+		"--servers", "1", "--max-num-seqs", "4", "--enable-prefix-caching=false", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"policy", "TTFT p50/p90/p99 ms", "policy-premium-regular", "premium", "regular", "none"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("table lacks %q:\n%s", want, stdout)
+		}
+	}
+	for _, f := range []string{"summary.json", "policy-premium-regular/requests.jsonl", "none/requests.jsonl",
+		"completions.png", "completions.svg", "ttft-cdf.png", "ttft-cdf.svg", "queue-depth.png", "queue-depth.svg"} {
+		st, err := os.Stat(filepath.Join(out, f))
+		if err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
+		if !strings.Contains(stderr, "wrote "+filepath.Join(out, f)) {
+			t.Errorf("stderr does not name %s:\n%s", f, stderr)
+		}
+	}
+}
+
+func TestSimulateUsage(t *testing.T) {
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{"no trace", []string{"simulate"}, 2, "", "give one of --trace FILE and --generate SPEC"},
+		{"both traces", []string{"simulate", "--trace", "x.jsonl", "--generate", "prompt=1,arrival=once,count=1"}, 2, "", "give one of"},
+		{"unknown flag", []string{"simulate", "--colour"}, 2, "", "unknown flag: --colour"},
+		{"stray argument", []string{"simulate", "--generate", "x", "extra"}, 2, "", `unexpected argument "extra"`},
+		{"help", []string{"simulate", "--help"}, 0, "SPEC is one or more streams", ""},
+		{"bad spec", []string{"simulate", "--generate", "prompt=1", "--out", t.TempDir()}, 1, "", "arrival=poisson needs rate=R"},
+		{"missing policy", []string{"simulate", "--generate", "prompt=1,arrival=once,count=1", "--policy", "nope.yaml", "--out", t.TempDir()}, 1, "", "nope.yaml"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := runCLI(tt.args...)
+			if code != tt.code || !strings.Contains(stdout, tt.stdout) || !strings.Contains(stderr, tt.stderr) {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want %d, %q, %q", code, stdout, stderr, tt.code, tt.stdout, tt.stderr)
+			}
+		})
+	}
+}

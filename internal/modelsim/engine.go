@@ -1,14 +1,15 @@
 package modelsim
 
 import (
+	"cmp"
 	"context"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/laneway-dev/laneway/pkg/engine"
 	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
@@ -19,10 +20,10 @@ const (
 	seqAborted               // client gone or engine stopped
 )
 
-// Seq is one request inside the engine. The handler reads progress through
-// Generated and Done; the engine goroutine writes everything else before it
-// publishes progress, so a reader that saw a token count sees the times and
-// cache numbers that go with it.
+// Seq is one request as its HTTP handler sees it. The handler reads
+// progress through Generated and Done; the engine goroutine writes
+// everything else before it publishes progress, so a reader that saw a
+// token count sees the times and cache numbers that go with it.
 type Seq struct {
 	// ID numbers requests from 1 in order of arrival.
 	ID uint64
@@ -39,18 +40,15 @@ type Seq struct {
 	Arrival time.Time
 
 	hashes []uint64 // full prompt blocks
-	order  uint64   // arrival sequence
+
+	// Engine-owned: the model's request, once submitted.
+	es *engine.Seq
 
 	// Written by the engine before the progress store that reveals them.
 	cachedTokens int
 	start        time.Time // admitted (running)
 	firstToken   time.Time
 	finish       time.Time
-
-	// Engine-owned.
-	prefillLeft int
-	generated   int
-	alloc       allocation
 
 	progress atomic.Int32 // tokens generated so far
 	state    atomic.Int32
@@ -80,22 +78,16 @@ func (s *Seq) signal() {
 	}
 }
 
-// less orders the waiting queue: by priority (lower first) under the
-// priority policy, then by arrival.
-func less(a, b *Seq, byPriority bool) bool {
-	if byPriority && a.Priority != b.Priority {
-		return a.Priority < b.Priority
-	}
-	return a.order < b.order
-}
-
-// Engine is the simulated inference engine: one goroutine (run, started by
-// Server.Serve) owns the queues, the KV cache and the clock of steps; Submit
-// and Abort hand it work through a mutex-guarded inbox.
+// Engine runs the timing model of pkg/engine on the wall clock: one
+// goroutine (run, started by Server.Serve) owns the model and sleeps until
+// each step ends; Submit and Abort hand it work through a mutex-guarded
+// inbox.
 type Engine struct {
 	cfg     Config
 	m       *metrics
 	records *recordRing
+	model   *engine.Engine
+	epoch   time.Time // the model's clock is nanoseconds since epoch
 
 	mu      sync.Mutex
 	inbox   []*Seq
@@ -107,29 +99,40 @@ type Engine struct {
 	maxRunning atomic.Int64
 	// waitingN counts requests submitted and not yet admitted (inbox
 	// included, so the gauge moves the moment a request arrives); runningN
-	// mirrors len(running). Gauges read them, so no stale Set can win.
+	// mirrors the model's running count. Gauges read them, so no stale Set
+	// can win.
 	waitingN atomic.Int64
 	runningN atomic.Int64
 
 	// Owned by run.
-	waiting    []*Seq // sorted by less
-	running    []*Seq // in admission order
-	pool       *blockPool
-	lastEnd    time.Time // scheduled end of the previous step
-	notify     []*Seq    // requests to wake after the next gauge update
+	events     []engine.Event
+	generated  uint64 // model tokens already counted in the metric
+	notify     []*Seq // requests to wake after the next gauge update
 	loraLabels string
 }
 
-// newEngine returns an engine; Server.Serve runs it.
+// newEngine returns an engine; Server.Serve runs it. cfg is valid.
 func newEngine(cfg Config, m *metrics, records *recordRing) *Engine {
+	ec := cfg.Config
+	ec.MaxLag = maxLag
+	ec.Coalesce = false // handlers stream one token per step
+	model, err := engine.New(ec)
+	if err != nil {
+		panic("modelsim: " + err.Error()) // New validated cfg
+	}
 	return &Engine{
 		cfg:     cfg,
 		m:       m,
 		records: records,
+		model:   model,
+		epoch:   time.Now(),
 		wake:    make(chan struct{}, 1),
-		pool:    newBlockPool(cfg.NumGPUBlocks, cfg.EnablePrefixCaching),
 	}
 }
+
+// maxLag is how far behind schedule a step may start before the engine
+// gives up catching up.
+const maxLag = 50 * time.Millisecond
 
 // MaxRunning is the largest number of requests that ever ran at once.
 func (e *Engine) MaxRunning() int { return int(e.maxRunning.Load()) }
@@ -147,12 +150,6 @@ type Request struct {
 	// Arrival is when the request reached the server (zero: now), so
 	// latency metrics include parsing and tokenization, as vLLM's do.
 	Arrival time.Time
-}
-
-// blocksFor is the KV blocks a request holds: prompt plus all output tokens.
-func (e *Engine) blocksFor(promptTokens, maxTokens int) int {
-	bs := e.cfg.BlockSize
-	return (promptTokens + maxTokens + bs - 1) / bs
 }
 
 // Submit queues a request. It reports false when the engine has stopped.
@@ -177,7 +174,6 @@ func (e *Engine) Submit(r Request) (*Seq, bool) {
 		e.mu.Unlock()
 		return nil, false
 	}
-	s.order = s.ID
 	e.inbox = append(e.inbox, s)
 	e.mu.Unlock()
 	e.waitingN.Add(1)
@@ -201,6 +197,9 @@ func (e *Engine) kick() {
 	}
 }
 
+// now is the model's clock.
+func (e *Engine) now() int64 { return int64(time.Since(e.epoch)) }
+
 // run executes steps until ctx ends, then aborts every request still in the
 // engine so their handlers return.
 func (e *Engine) run(ctx context.Context) {
@@ -208,10 +207,18 @@ func (e *Engine) run(ctx context.Context) {
 	timer.Stop()
 	defer e.stop()
 	for {
-		e.takeInbox()
-		e.admit()
-		if len(e.running) == 0 {
-			e.lastEnd = time.Time{} // idle: the next step starts when work comes
+		now := e.now()
+		e.events = e.model.Advance(now, e.events[:0])
+		e.apply(e.events)
+		e.publishProgress()
+		e.updateGauges()
+		e.takeInbox(now)
+		var wake int64
+		var busy bool
+		e.events, wake, busy = e.model.Schedule(now, e.events[:0])
+		e.apply(e.events)
+		e.updateGauges()
+		if !busy {
 			select {
 			case <-e.wake:
 				continue
@@ -219,22 +226,7 @@ func (e *Engine) run(ctx context.Context) {
 				return
 			}
 		}
-		prefill, decodes, chunks := e.plan()
-		d := e.cfg.scale(float64(prefill) / e.cfg.PrefillTokensPerSec)
-		if decodes > 0 {
-			d += e.cfg.scale(e.cfg.TimePerOutputToken.Seconds())
-		}
-		// Busy steps run back to back from their scheduled ends, so timer
-		// lateness does not add up over a long generation; after an idle
-		// spell (or if far behind) the step starts now.
-		now := time.Now()
-		start := e.lastEnd
-		if start.Before(now.Add(-maxLag)) || start.After(now) {
-			start = now
-		}
-		end := start.Add(d)
-		e.lastEnd = end
-		if wait := time.Until(end); wait > 0 {
+		if wait := time.Duration(wake - e.now()); wait > 0 {
 			timer.Reset(wait)
 			select {
 			case <-timer.C:
@@ -242,40 +234,46 @@ func (e *Engine) run(ctx context.Context) {
 				return
 			}
 		}
-		e.complete(chunks)
 	}
 }
 
-// maxLag is how far behind schedule a step may start before the engine
-// gives up catching up.
-const maxLag = 50 * time.Millisecond
-
-// takeInbox moves submitted requests into the waiting queue and applies
-// aborts.
-func (e *Engine) takeInbox() {
+// takeInbox hands submitted requests to the model, in arrival order, and
+// applies aborts.
+func (e *Engine) takeInbox(now int64) {
 	e.mu.Lock()
 	in, ab := e.inbox, e.aborts
 	e.inbox, e.aborts = nil, nil
 	e.mu.Unlock()
-	byPrio := e.cfg.SchedulingPolicy == PolicyPriority
+	slices.SortFunc(in, func(a, b *Seq) int { return cmp.Compare(a.ID, b.ID) })
 	for _, s := range in {
-		i := sort.Search(len(e.waiting), func(i int) bool { return less(s, e.waiting[i], byPrio) })
-		e.waiting = slices.Insert(e.waiting, i, s)
-	}
-	for _, s := range ab {
-		if s.state.Load() != seqActive {
+		es, err := e.model.Submit(now, engine.Request{
+			PromptTokens: s.PromptTokens, Hashes: s.hashes, MaxTokens: s.MaxTokens,
+			Priority: s.Priority, LoRA: s.LoRA, Data: s,
+		})
+		s.hashes = nil
+		if err != nil {
+			// Not reachable: the handler checked max_model_len, and
+			// Validate bounds it by the cache.
+			e.waitingN.Add(-1)
+			s.finish = time.Now()
+			e.end(s, seqAborted, "abort")
 			continue
 		}
-		if i := slices.Index(e.waiting, s); i >= 0 {
-			e.waiting = slices.Delete(e.waiting, i, i+1)
-			e.waitingN.Add(-1)
-		} else if i := slices.Index(e.running, s); i >= 0 {
-			e.running = slices.Delete(e.running, i, i+1)
-			e.pool.release(&s.alloc)
-		} else {
-			// Not reachable: Submit puts a request in the inbox before its
-			// handler can abort it, and takeInbox drains both together.
+		s.es = es
+	}
+	for _, s := range ab {
+		if s.state.Load() != seqActive || s.es == nil {
+			// Ended, or (not reachable: Submit puts a request in the inbox
+			// before its handler can abort it, and takeInbox drains both
+			// together) never submitted.
 			continue
+		}
+		wasWaiting := s.es.State() == engine.Waiting
+		if !e.model.Abort(now, s.es) {
+			continue
+		}
+		if wasWaiting {
+			e.waitingN.Add(-1)
 		}
 		s.finish = time.Now()
 		e.end(s, seqAborted, "abort")
@@ -283,114 +281,65 @@ func (e *Engine) takeInbox() {
 	e.updateGauges()
 }
 
-// admit moves waiting requests into free slots, in queue order. A request
-// whose adapter cannot run now is skipped; one whose blocks do not fit stops
-// admission (vLLM does both).
-func (e *Engine) admit() {
-	loras := e.runningLoRAs()
-	for i := 0; i < len(e.waiting) && len(e.running) < e.cfg.MaxNumSeqs; {
-		s := e.waiting[i]
-		if s.LoRA != "" && e.cfg.MaxLoRAs > 0 && !slices.Contains(loras, s.LoRA) && len(loras) >= e.cfg.MaxLoRAs {
-			i++
-			continue
-		}
-		// Cache hits cover at most the first PromptTokens-1 tokens: the
-		// last prompt token is always computed to produce logits.
-		maxHit := min(len(s.hashes), (s.PromptTokens-1)/e.cfg.BlockSize)
-		hit := e.pool.match(s.hashes[:max(maxHit, 0)])
-		alloc, ok := e.pool.acquire(s.hashes, hit, e.blocksFor(s.PromptTokens, s.MaxTokens))
-		if !ok {
-			break
-		}
-		e.waiting = slices.Delete(e.waiting, i, i+1)
-		e.waitingN.Add(-1)
-		s.alloc = alloc
-		s.cachedTokens = hit * e.cfg.BlockSize
-		s.prefillLeft = s.PromptTokens - s.cachedTokens
-		s.start = time.Now()
-		e.running = append(e.running, s)
-		if s.LoRA != "" && !slices.Contains(loras, s.LoRA) {
-			loras = append(loras, s.LoRA)
-		}
-		e.m.prefixQueries.Add(float64(s.PromptTokens))
-		e.m.prefixHits.Add(float64(s.cachedTokens))
-		e.m.queueTime.Observe(s.start.Sub(s.Arrival).Seconds())
-		if n := int64(len(e.running)); n > e.maxRunning.Load() {
-			e.maxRunning.Store(n)
-			e.m.maxRunning.Set(float64(n))
-		}
+// apply turns the model's events into request state, records and metrics.
+func (e *Engine) apply(evs []engine.Event) {
+	if len(evs) == 0 {
+		return
 	}
-	e.updateGauges()
-}
-
-// chunk is the prefill work of one request in a step.
-type chunk struct {
-	s      *Seq
-	tokens int // prefill tokens this step; 0 for a decode
-}
-
-// plan fills one step's token budget: decodes first, then prefill chunks in
-// admission order.
-func (e *Engine) plan() (prefill, decodes int, work []chunk) {
-	budget := e.cfg.MaxNumBatchedTokens
-	work = make([]chunk, 0, len(e.running))
-	for _, s := range e.running {
-		if s.prefillLeft == 0 {
-			work = append(work, chunk{s: s})
-			decodes++
-			budget--
-		}
-	}
-	for _, s := range e.running {
-		if s.prefillLeft > 0 && budget > 0 {
-			n := min(s.prefillLeft, budget)
-			work = append(work, chunk{s: s, tokens: n})
-			prefill += n
-			budget -= n
-		}
-	}
-	return prefill, decodes, work
-}
-
-// complete applies a finished step.
-func (e *Engine) complete(work []chunk) {
 	now := time.Now()
-	for _, c := range work {
-		s := c.s
-		if s.state.Load() != seqActive || !slices.Contains(e.running, s) {
-			continue // aborted while the step ran
-		}
-		if c.tokens > 0 {
-			s.prefillLeft -= c.tokens
-			if s.prefillLeft > 0 {
-				continue
-			}
-			// Prefill done: its blocks hold a reusable prefix now.
-			e.pool.register(&s.alloc, s.hashes, len(s.alloc.hits))
+	for _, ev := range evs {
+		s := ev.Seq.Data.(*Seq)
+		switch ev.Kind {
+		case engine.Started:
+			e.waitingN.Add(-1)
+			s.cachedTokens = ev.Seq.CachedTokens
+			s.start = now
+			e.m.prefixQueries.Add(float64(s.PromptTokens))
+			e.m.prefixHits.Add(float64(s.cachedTokens))
+			e.m.queueTime.Observe(s.start.Sub(s.Arrival).Seconds())
+		case engine.FirstToken:
 			s.firstToken = now
 			e.m.ttft.Observe(now.Sub(s.Arrival).Seconds())
-		}
-		s.generated++
-		e.m.generationTokens.Inc()
-		if s.generated >= s.MaxTokens {
+		case engine.Done:
 			s.finish = now
-			e.running = slices.DeleteFunc(e.running, func(x *Seq) bool { return x == s })
-			e.pool.release(&s.alloc)
 			e.m.promptTokens.Add(float64(s.PromptTokens))
 			e.m.success.Inc()
 			e.m.e2e.Observe(now.Sub(s.Arrival).Seconds())
 			e.end(s, seqFinished, "length")
-			continue
 		}
-		s.progress.Store(int32(s.generated))
-		e.notify = append(e.notify, s)
 	}
-	e.updateGauges()
+	st := e.model.Stats()
+	if n := int64(st.MaxRunning); n > e.maxRunning.Load() {
+		e.maxRunning.Store(n)
+		e.m.maxRunning.Set(float64(n))
+	}
+	if st.GeneratedTokens > e.generated {
+		e.m.generationTokens.Add(float64(st.GeneratedTokens - e.generated))
+		e.generated = st.GeneratedTokens
+	}
+}
+
+// publishProgress makes each running request's new tokens visible to its
+// handler.
+func (e *Engine) publishProgress() {
+	e.model.Running(func(es *engine.Seq) {
+		s := es.Data.(*Seq)
+		if g := int32(e.model.Generated(es)); g != s.progress.Load() {
+			s.progress.Store(g)
+			e.notify = append(e.notify, s)
+		}
+	})
 }
 
 // end publishes a request's last state and records it.
 func (e *Engine) end(s *Seq, state int32, reason string) {
-	s.progress.Store(int32(s.generated))
+	gen := s.MaxTokens
+	if s.es != nil {
+		gen = e.model.Generated(s.es)
+	} else if state != seqFinished {
+		gen = 0
+	}
+	s.progress.Store(int32(gen))
 	s.state.Store(state)
 	e.notify = append(e.notify, s)
 	if state == seqAborted {
@@ -407,27 +356,18 @@ func (e *Engine) stop() {
 	e.inbox = nil
 	e.mu.Unlock()
 	now := time.Now()
-	for _, list := range [][]*Seq{e.waiting, in, e.running} {
-		for _, s := range list {
-			if s.state.Load() == seqActive {
-				s.finish = now
-				e.end(s, seqAborted, "abort")
-			}
+	var left []*Seq
+	e.model.Waiting(func(es *engine.Seq) { left = append(left, es.Data.(*Seq)) })
+	left = append(left, in...)
+	e.model.Running(func(es *engine.Seq) { left = append(left, es.Data.(*Seq)) })
+	for _, s := range left {
+		if s.state.Load() == seqActive {
+			s.finish = now
+			e.end(s, seqAborted, "abort")
 		}
 	}
-	e.waiting, e.running = nil, nil
 	e.waitingN.Store(0)
 	e.updateGauges()
-}
-
-func (e *Engine) runningLoRAs() []string {
-	var out []string
-	for _, s := range e.running {
-		if s.LoRA != "" && !slices.Contains(out, s.LoRA) {
-			out = append(out, s.LoRA)
-		}
-	}
-	return out
 }
 
 // updateGauges publishes the engine state to the metrics, then wakes the
@@ -441,18 +381,11 @@ func (e *Engine) updateGauges() {
 		clear(e.notify)
 		e.notify = e.notify[:0]
 	}()
-	e.runningN.Store(int64(len(e.running)))
-	e.m.kvUsage.Set(e.pool.usage())
+	st := e.model.Stats()
+	e.runningN.Store(int64(st.Running))
+	e.m.kvUsage.Set(st.KVUsage())
 	if e.cfg.MaxLoRAs > 0 {
-		run := e.runningLoRAs()
-		var wait []string
-		for _, s := range e.waiting {
-			if s.LoRA != "" && !slices.Contains(wait, s.LoRA) {
-				wait = append(wait, s.LoRA)
-			}
-		}
-		slices.Sort(run)
-		slices.Sort(wait)
+		run, wait := e.model.AdapterNames()
 		r, w := strings.Join(run, ","), strings.Join(wait, ",")
 		if key := r + "|" + w; key != e.loraLabels {
 			e.loraLabels = key

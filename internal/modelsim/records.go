@@ -33,7 +33,7 @@ func recordOf(s *Seq, outcome string) Record {
 	return Record{
 		ID: s.ID, Priority: s.Priority, LoRA: s.LoRA,
 		PromptTokens: s.PromptTokens, CachedTokens: s.cachedTokens,
-		MaxTokens: s.MaxTokens, Generated: s.generated, Outcome: outcome,
+		MaxTokens: s.MaxTokens, Generated: int(s.progress.Load()), Outcome: outcome,
 		Arrival: s.Arrival, Start: s.start, FirstToken: s.firstToken, Finish: s.finish,
 	}
 }

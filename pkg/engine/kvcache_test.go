@@ -1,4 +1,4 @@
-package modelsim
+package engine
 
 import "testing"
 

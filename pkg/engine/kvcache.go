@@ -1,4 +1,4 @@
-package modelsim
+package engine
 
 // cachedBlock is a KV block whose content is a known prompt prefix.
 type cachedBlock struct {
