@@ -60,6 +60,18 @@ const (
 	batchShape       = "prompt=2000-6000,output=~300"
 )
 
+// saturatedRateOf is what n default servers serve of requests of one
+// shape: requests per second over the makespan of a burst released at
+// once.
+func saturatedRateOf(n int, shape string) (float64, error) {
+	spec := fmt.Sprintf("class=all,arrival=once,count=%d,%s", 500*n, shape)
+	res, sum, err := runSpec(spec, n, engine.DefaultConfig(), []string{simulate.BaselineNone}, "")
+	if err != nil {
+		return 0, err
+	}
+	return float64(len(res[0].Outcomes)) / sum.Policies[0].MakespanS, nil
+}
+
 // SaturatedRate measures what a fleet of n default servers serves of the
 // benchmark's mix: requests per second over the makespan of a burst of
 // 10,000 released at once (no picker queueing).
@@ -257,19 +269,19 @@ const tenantsPolicy = `policy_classes:
 %s`
 
 // RunTenants runs 50 tenants in one class, 2 of them flooding, with and
-// without tenant_fairness, on 8 default servers at twice their saturated
-// rate for 5 simulated minutes.
+// without tenant_fairness, on 8 default servers for 5 simulated minutes:
+// the floods send long prompts at 1.6 times what the fleet can prefill of
+// them, the 48 quiet tenants short ones at a tenth of that rate.
 func RunTenants(dir string) (*TenantsFigures, error) {
 	fair := fmt.Sprintf(tenantsPolicy, "    tenant_fairness: true\n")
 	const servers = 8
-	rate, err := SaturatedRate(servers)
+	rate, err := saturatedRateOf(servers, batchShape)
 	if err != nil {
 		return nil, err
 	}
-	// The floods offer 1.6× the fleet between them; 48 quiet tenants 0.4×.
 	spec := fmt.Sprintf("class=shared,tenant=quiet,tenants=48,rate=%.2f,%s,duration=5m;"+
-		"class=shared,tenant=flood-a,rate=%.2f,%[2]s,duration=5m;class=shared,tenant=flood-b,rate=%.2f,%[2]s,duration=5m",
-		0.4*rate, interactiveShape, 0.8*rate, 0.8*rate)
+		"class=shared,tenant=flood-a,rate=%.2f,%s,duration=5m;class=shared,tenant=flood-b,rate=%.2f,%[4]s,duration=5m",
+		0.16*rate, interactiveShape, 0.8*rate, batchShape, 0.8*rate)
 	fairFile, c1, err := writePolicy("fair", fair)
 	if err != nil {
 		return nil, err
