@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/simulate"
 	"github.com/laneway-dev/laneway/internal/workload"
 )
 
@@ -46,8 +47,17 @@ type Outcome struct {
 	Scenario Scenario
 	Result   *workload.Result
 	Shares   workload.Shares
-	Misses   []string
+	// Prediction is laneway simulate's forecast of the same run: the
+	// picker's own core in virtual time with the engine model of the
+	// demo's modelsim.
+	Prediction simulate.Prediction
+	Misses     []string
 }
+
+// MaxPredictionMiss bounds how far the measured premium count in the first
+// PerClass completions may lie from the simulator's prediction. Counts,
+// not times: the demo must not flake on a loaded machine.
+const MaxPredictionMiss = 6
 
 // Run runs every scenario, prints the table and writes the plots. It
 // returns an error when a scenario misses its bands.
@@ -76,9 +86,9 @@ func Run(ctx context.Context, cfg Config) ([]Outcome, error) {
 		}
 	}
 	if len(bad) > 0 {
-		return outs, fmt.Errorf("outside the SPEC §11 bands:\n  %s", strings.Join(bad, "\n  "))
+		return outs, fmt.Errorf("outside the SPEC §11 bands or the simulator's prediction:\n  %s", strings.Join(bad, "\n  "))
 	}
-	fmt.Fprintln(cfg.Out, "\nboth runs are inside the SPEC §11 bands.")
+	fmt.Fprintln(cfg.Out, "\nboth runs are inside the SPEC §11 bands and agree with the simulator.")
 	return outs, nil
 }
 
@@ -165,6 +175,12 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 	if cfg.PerClass == 320 {
 		o.Misses = o.Shares.Check(sc.Weighted)
 	}
+	if o.Prediction, err = simulate.PredictWeightedShare(sc.PremiumQuantum, sc.Regular, cfg.PerClass); err != nil {
+		return o, fmt.Errorf("simulate the run: %w", err)
+	}
+	if m := predictionMiss(cfg.PerClass, o.Shares.FirstInPrefix, o.Prediction.PremiumInFirst); m != "" {
+		o.Misses = append(o.Misses, m)
+	}
 	for _, c := range res.Completions {
 		if c.Err != nil {
 			fmt.Fprintf(cfg.Out, "   first failure: %s: %v\n", c.Class, c.Err)
@@ -178,6 +194,7 @@ func printTable(w io.Writer, outs []Outcome) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "%-9s | %-28s | %-26s | %-8s | %s\n", "quanta", "first 320 (premium:regular)", "regular left at premium drain", "all 200", "time")
 	fmt.Fprintf(w, "%s\n", strings.Repeat("-", 100))
+	defer printPredictions(w, outs)
 	for _, o := range outs {
 		s := o.Shares
 		band := "want premium >= 240, regular >= 48"
@@ -237,5 +254,28 @@ func (p *progress) update(done, total int) {
 func (p *progress) finish() {
 	if p.w != nil && p.terminal {
 		fmt.Fprintln(p.w)
+	}
+}
+
+// predictionMiss says how the measured premium count in the first perClass
+// completions misses the simulator's prediction, or "" within
+// MaxPredictionMiss.
+func predictionMiss(perClass, measured, predicted int) string {
+	if d := measured - predicted; d > MaxPredictionMiss || d < -MaxPredictionMiss {
+		return fmt.Sprintf("premium in the first %d: measured %d, simulator predicted %d (want within ±%d)",
+			perClass, measured, predicted, MaxPredictionMiss)
+	}
+	return ""
+}
+
+// printPredictions puts the simulator's forecast under the measured runs:
+// the same columns, predicted by laneway simulate.
+func printPredictions(w io.Writer, outs []Outcome) {
+	fmt.Fprintf(w, "\nlaneway simulate predicted (the picker's core in virtual time; premium must agree within ±%d):\n", MaxPredictionMiss)
+	for _, o := range outs {
+		p := o.Prediction
+		fmt.Fprintf(w, "%-9s | %3d : %-3d (measured %3d : %-3d) | %3d left (measured %3d) | makespan %.1fs (measured %.1fs)\n",
+			o.Scenario.Name, p.PremiumInFirst, p.RegularInFirst, o.Shares.FirstInPrefix, o.Shares.SecondInPrefix,
+			p.RegularLeftAtPremiumDrain, o.Shares.SecondLeftAtFirstDrain, p.Makespan.Seconds(), o.Result.Elapsed.Seconds())
 	}
 }
