@@ -32,10 +32,6 @@ type allocation struct {
 	plain int            // other blocks
 }
 
-// usage is the fraction of blocks running requests hold (vLLM's
-// kv_cache_usage_perc: cached-but-idle blocks count as free).
-func (p *blockPool) usage() float64 { return float64(p.used) / float64(p.total) }
-
 // match returns how many leading hashes are cached.
 func (p *blockPool) match(hashes []uint64) int {
 	if !p.prefix {
