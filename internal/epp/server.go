@@ -120,6 +120,8 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 		Logger:         log.WithName("extproc"),
 		Observer:       s.metrics,
 		HeaderPickOnly: opts.HeaderPickOnly,
+
+		ConformanceHooks: opts.ConformanceHooks,
 	})
 	s.ext.Register(s.grpcSrv)
 

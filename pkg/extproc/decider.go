@@ -24,7 +24,8 @@ type Request struct {
 	// endpoint (which SPEC §7 answers with 503).
 	HasSubset bool
 	// TestEndpoints is the conformance header test-epp-endpoint-selection split
-	// on commas; nil means the header was absent or empty.
+	// on commas; nil means the header was absent or empty, or the server
+	// does not honour it (Options.ConformanceHooks).
 	TestEndpoints []string
 	// Metadata is the metadata_context the gateway forwarded with the
 	// request headers (its forwarding namespaces; nil when none). It is

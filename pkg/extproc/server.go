@@ -57,6 +57,13 @@ type Options struct {
 	// ip:port and fails on a list, so set this when fallbacks are returned
 	// to a gateway wired that way.
 	HeaderPickOnly bool
+	// ConformanceHooks honours the upstream conformance suite's hooks
+	// (SPEC §7): request header test-epp-endpoint-selection fills
+	// Request.TestEndpoints, and the response then carries
+	// x-conformance-test-served-endpoint. Off, the header is ignored like
+	// any unknown header: any client could send it to pin its request to
+	// a pod of its choosing and learn pod addresses.
+	ConformanceHooks bool
 }
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor. It is safe
@@ -68,6 +75,7 @@ type Server struct {
 	log            logr.Logger
 	obs            Observer
 	headerPickOnly bool
+	conformance    bool
 
 	// picks holds the pick answer for each single endpoint, the answer of
 	// nearly every stream (no fallbacks, the body unchanged), built once
@@ -122,7 +130,7 @@ func NewServer(d Decider, opts Options) *Server {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	return &Server{decider: d, maxBody: opts.MaxBodyBytes, log: opts.Logger, obs: opts.Observer, headerPickOnly: opts.HeaderPickOnly,
-		picks: map[string]*extprocv3.ProcessingResponse{}}
+		conformance: opts.ConformanceHooks, picks: map[string]*extprocv3.ProcessingResponse{}}
 }
 
 // Register adds the ExternalProcessor service to a gRPC server.

@@ -285,6 +285,7 @@ func TestSubsetHintAndTestHeader(t *testing.T) {
 		name        string
 		hint        *structpb.Value // nil = key absent
 		testHeader  *string
+		noHooks     bool // serve without Options.ConformanceHooks
 		wantSubset  []string
 		wantHas     bool
 		wantTestEPs []string
@@ -297,6 +298,7 @@ func TestSubsetHintAndTestHeader(t *testing.T) {
 		{name: "empty string", hint: structpb.NewStringValue(""), wantSubset: []string{}, wantHas: true},
 		{name: "test header", testHeader: ptr("10.0.0.9:8000, 10.0.0.8"), wantTestEPs: []string{"10.0.0.9:8000", "10.0.0.8"}},
 		{name: "empty test header", testHeader: ptr("")},
+		{name: "test header without the hooks", testHeader: ptr("10.0.0.9:8000"), noHooks: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -305,7 +307,7 @@ func TestSubsetHintAndTestHeader(t *testing.T) {
 				got = *req
 				return extproc.Decision{Endpoints: []string{"10.0.0.1:8000"}}, nil
 			})
-			conn := startServer(t, d, extproc.Options{})
+			conn := startServer(t, d, extproc.Options{ConformanceHooks: !tc.noHooks})
 			s, _ := openStream(t, conn)
 			hs := []*corev3.HeaderValue{{Key: ":path", RawValue: []byte("/")}}
 			if tc.testHeader != nil {
@@ -340,7 +342,8 @@ func ptr(s string) *string { return &s }
 func TestLifecycleAndResponsePath(t *testing.T) {
 	tests := []struct {
 		name       string
-		conform    bool
+		conform    bool // the request carries the conformance header
+		hooks      bool // Options.ConformanceHooks
 		served     string
 		play       func(ex *extprocclient.Exchange) ([]string, error) // returns response header values of interest
 		reset      bool                                               // close the exchange before the response ends
@@ -387,21 +390,27 @@ func TestLifecycleAndResponsePath(t *testing.T) {
 			},
 		},
 		{
-			name: "conformance echo from metadata", conform: true, served: "10.0.0.2:8000",
+			name: "conformance echo from metadata", conform: true, hooks: true, served: "10.0.0.2:8000",
 			wantEvents: []string{"first_byte", "done"}, wantServed: "10.0.0.2:8000",
 		},
 		{
-			name: "conformance echo falls back to the pick", conform: true,
+			name: "conformance echo falls back to the pick", conform: true, hooks: true,
 			wantEvents: []string{"first_byte", "done"}, wantServed: "10.0.0.1:8000",
+		},
+		{
+			name: "conformance header ignored without the hooks", conform: true, served: "10.0.0.2:8000",
+			wantEvents: []string{"first_byte", "done"},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			lc := newLifecycle()
-			d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
+			var pins []string
+			d := deciderFunc(func(_ context.Context, req *extproc.Request) (extproc.Decision, error) {
+				pins = req.TestEndpoints
 				return extproc.Decision{Endpoints: []string{"10.0.0.1:8000", "10.0.0.2:8000"}, Lifecycle: lc}, nil
 			})
-			conn := startServer(t, d, extproc.Options{})
+			conn := startServer(t, d, extproc.Options{ConformanceHooks: tc.hooks})
 			h := http.Header{}
 			if tc.conform {
 				h.Set(extproc.HeaderTestEndpointSelection, "10.0.0.1:8000,10.0.0.2:8000")
@@ -409,6 +418,9 @@ func TestLifecycleAndResponsePath(t *testing.T) {
 			ex, err := extprocclient.New(conn, extprocclient.Options{}).Start(context.Background(), extprocclient.RequestSpec{Headers: h, Body: []byte("{}")})
 			if err != nil {
 				t.Fatalf("Start: %v", err)
+			}
+			if wantPins := tc.conform && tc.hooks; (pins != nil) != wantPins {
+				t.Errorf("Request.TestEndpoints = %v, want set: %t", pins, wantPins)
 			}
 			if tc.play != nil {
 				if _, err := tc.play(ex); err != nil {

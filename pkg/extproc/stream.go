@@ -116,9 +116,11 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 	st.req.Headers = headerMap(h.GetHeaders())
 	st.req.Metadata = msg.GetMetadataContext()
 	st.req.Subset, st.req.HasSubset = subsetHint(st.req.Metadata)
-	if v, ok := st.req.Headers[HeaderTestEndpointSelection]; ok {
-		st.conformance = true
-		st.req.TestEndpoints = splitList(nil, v)
+	if st.s.conformance {
+		if v, ok := st.req.Headers[HeaderTestEndpointSelection]; ok {
+			st.conformance = true
+			st.req.TestEndpoints = splitList(nil, v)
+		}
 	}
 
 	if h.GetEndOfStream() || st.reqMode == filterv3.ProcessingMode_NONE {
