@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/laneway-dev/laneway/pkg/extproc"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
@@ -60,6 +61,9 @@ type Options struct {
 	// (SPEC §7); off, any client could pin its request to a pod past
 	// taints and learn pod addresses.
 	ConformanceHooks bool
+	// RetryAfter is the retry-after of the 429s and 503s that have no
+	// estimate of their own (SPEC §15).
+	RetryAfter time.Duration
 	// PolicyPollInterval is how often the policy file is checked for
 	// changes.
 	PolicyPollInterval time.Duration
@@ -139,6 +143,7 @@ func NewOptions() *Options {
 		// route on, and header and metadata carry the same value.
 		MaxFallbacks:       0,
 		MaxBodyBytes:       16 << 20,
+		RetryAfter:         extproc.DefaultRetryAfter,
 		PolicyPollInterval: time.Second,
 		Verbosity:          2,
 		Intel:              defaultIntelOptions(),
@@ -173,6 +178,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.HeaderPickOnly, "header-pick-only", o.HeaderPickOnly, "Put only the pick in the x-gateway-destination-endpoint header and the fallback list in the envoy.lb metadata (for plain Envoy with --max-fallbacks > 0).")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "Largest request body accepted (400 beyond it).")
 	fs.BoolVar(&o.ConformanceHooks, "enable-conformance-hooks", o.ConformanceHooks, "Honour the conformance suite's test-epp-endpoint-selection request header (pins a request to the pods it names) and answer with x-conformance-test-served-endpoint. Only for conformance runs: any client could use it.")
+	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503 without a queue-wait estimate of its class (no endpoint, not ready, shutting down, a class nothing waited in lately); rounded up to whole seconds.")
 	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config is checked for changes.")
 	fs.IntVarP(&o.Verbosity, "v", "v", o.Verbosity, "Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.")
 	fs.IntVar(&o.PprofPort, "pprof-port", o.PprofPort, "Serve net/http/pprof on this port (0: off).")
@@ -225,6 +231,9 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-body-bytes: %d must be positive", o.MaxBodyBytes))
+	}
+	if o.RetryAfter <= 0 {
+		errs = append(errs, fmt.Errorf("--retry-after: %s must be positive", o.RetryAfter))
 	}
 	if o.DrainTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--drain-timeout: %s is negative", o.DrainTimeout))

@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"strconv"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -95,6 +96,10 @@ type Reply struct {
 	Body []byte
 	// Message is the human-readable error text.
 	Message string
+	// RetryAfter is the retry-after header of a 429 or 503 (rounded up to
+	// whole seconds, at least one); 0 sends the server's
+	// Options.RetryAfter. Other statuses carry none.
+	RetryAfter time.Duration
 }
 
 // Error returns the reply's message, prefixed with its status and reason so

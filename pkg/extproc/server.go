@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/go-logr/logr"
@@ -64,7 +65,16 @@ type Options struct {
 	// any unknown header: any client could send it to pin its request to
 	// a pod of its choosing and learn pod addresses.
 	ConformanceHooks bool
+	// RetryAfter is the retry-after of every 429 and 503 whose Reply does
+	// not carry its own (and of those the server answers itself). Zero
+	// means DefaultRetryAfter.
+	RetryAfter time.Duration
 }
+
+// DefaultRetryAfter is Options.RetryAfter's default: long enough that a
+// client honouring it does not hammer an overloaded picker, short enough
+// that a queue that drains in a moment is not left idle.
+const DefaultRetryAfter = time.Second
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor. It is safe
 // for concurrent use; every stream runs on its own gRPC goroutine and shares
@@ -76,6 +86,7 @@ type Server struct {
 	obs            Observer
 	headerPickOnly bool
 	conformance    bool
+	retryAfter     time.Duration
 
 	// picks holds the pick answer for each single endpoint, the answer of
 	// nearly every stream (no fallbacks, the body unchanged), built once
@@ -129,8 +140,11 @@ func NewServer(d Decider, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if opts.RetryAfter <= 0 {
+		opts.RetryAfter = DefaultRetryAfter
+	}
 	return &Server{decider: d, maxBody: opts.MaxBodyBytes, log: opts.Logger, obs: opts.Observer, headerPickOnly: opts.HeaderPickOnly,
-		conformance: opts.ConformanceHooks, picks: map[string]*extprocv3.ProcessingResponse{}}
+		conformance: opts.ConformanceHooks, retryAfter: opts.RetryAfter, picks: map[string]*extprocv3.ProcessingResponse{}}
 }
 
 // Register adds the ExternalProcessor service to a gRPC server.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -234,25 +235,30 @@ func TestReplyMapping(t *testing.T) {
 		wantReason  string
 		wantBody    string
 		wantOutcome string
+		wantRetry   string // the retry-after header; the server's default is 3s
 	}{
 		{name: "429 with body", err: &extproc.Reply{Status: 429, Reason: "queue_limit", Body: []byte(`{"error":"full","details":{"limit":4}}`)},
-			wantStatus: 429, wantReason: "queue_limit", wantBody: `{"error":"full","details":{"limit":4}}`, wantOutcome: "queue_limit"},
+			wantStatus: 429, wantReason: "queue_limit", wantBody: `{"error":"full","details":{"limit":4}}`, wantOutcome: "queue_limit", wantRetry: "3"},
+		{name: "429 with its own retry-after", err: &extproc.Reply{Status: 429, Reason: "queue_limit", Message: "full", RetryAfter: 1500 * time.Millisecond},
+			wantStatus: 429, wantReason: "queue_limit", wantBody: `{"error":"full"}`, wantOutcome: "queue_limit", wantRetry: "2"},
+		{name: "a retry-after below a second is one", err: &extproc.Reply{Status: 503, Reason: "no_endpoints", Message: "none", RetryAfter: time.Millisecond},
+			wantStatus: 503, wantReason: "no_endpoints", wantBody: `{"error":"none"}`, wantOutcome: "no_endpoints", wantRetry: "1"},
 		{name: "503 generated body", err: &extproc.Reply{Status: 503, Reason: "no_endpoints", Message: "no ready endpoint"},
-			wantStatus: 503, wantReason: "no_endpoints", wantBody: `{"error":"no ready endpoint"}`, wantOutcome: "no_endpoints"},
+			wantStatus: 503, wantReason: "no_endpoints", wantBody: `{"error":"no ready endpoint"}`, wantOutcome: "no_endpoints", wantRetry: "3"},
 		{name: "400 malformed", err: &extproc.Reply{Status: 400, Reason: "malformed_body", Message: "body is not JSON"},
 			wantStatus: 400, wantReason: "malformed_body", wantBody: `{"error":"body is not JSON"}`, wantOutcome: "malformed_body"},
 		{name: "wrapped reply", err: fmt.Errorf("admit: %w", &extproc.Reply{Status: 429, Reason: "shed", Message: "expired"}),
-			wantStatus: 429, wantReason: "shed", wantBody: `{"error":"expired"}`, wantOutcome: "shed"},
+			wantStatus: 429, wantReason: "shed", wantBody: `{"error":"expired"}`, wantOutcome: "shed", wantRetry: "3"},
 		{name: "invalid status becomes 503", err: &extproc.Reply{Status: 0, Message: "x"},
-			wantStatus: 503, wantBody: `{"error":"x"}`, wantOutcome: extproc.OutcomeRejected},
+			wantStatus: 503, wantBody: `{"error":"x"}`, wantOutcome: extproc.OutcomeRejected, wantRetry: "3"},
 		{name: "plain error", err: errors.New("picker index broken"),
-			wantStatus: 503, wantReason: "picker_error", wantBody: `{"error":"picker index broken"}`, wantOutcome: extproc.OutcomeDeciderError},
+			wantStatus: 503, wantReason: "picker_error", wantBody: `{"error":"picker index broken"}`, wantOutcome: extproc.OutcomeDeciderError, wantRetry: "3"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			obs := newOutcomes()
 			d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) { return extproc.Decision{}, tc.err })
-			conn := startServer(t, d, extproc.Options{Observer: obs})
+			conn := startServer(t, d, extproc.Options{Observer: obs, RetryAfter: 3 * time.Second})
 			ex, err := extprocclient.New(conn, extprocclient.Options{}).Start(context.Background(), extprocclient.RequestSpec{Body: []byte("{}")})
 			if err != nil {
 				t.Fatalf("Start: %v", err)
@@ -265,6 +271,9 @@ func TestReplyMapping(t *testing.T) {
 			if im.Status != tc.wantStatus || im.Headers.Get(extproc.HeaderReason) != tc.wantReason ||
 				im.Headers.Get("content-type") != "application/json" || string(im.Body) != tc.wantBody {
 				t.Errorf("got %d reason %q type %q body %s", im.Status, im.Headers.Get(extproc.HeaderReason), im.Headers.Get("content-type"), im.Body)
+			}
+			if got := im.Headers.Get(extproc.HeaderRetryAfter); got != tc.wantRetry {
+				t.Errorf("retry-after %q, want %q", got, tc.wantRetry)
 			}
 			if got := obs.next(t); got != tc.wantOutcome {
 				t.Errorf("outcome %q, want %q", got, tc.wantOutcome)

@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -395,7 +396,7 @@ func (st *stream) send(resp *extprocv3.ProcessingResponse) error {
 
 func (st *stream) sendBodyTooLarge(n int) error {
 	msg := fmt.Sprintf("request body of at least %d bytes exceeds the limit of %d bytes", n, st.s.maxBody)
-	if err := st.send(immediateResponse(400, "body_too_large", nil, msg)); err != nil {
+	if err := st.send(immediateResponse(400, "body_too_large", nil, msg, 0)); err != nil {
 		return err
 	}
 	st.answered = true
@@ -414,10 +415,10 @@ func (st *stream) sendDeciderError(err error) error {
 		if outcome == "" {
 			outcome = OutcomeRejected
 		}
-		resp = immediateResponse(r.Status, r.Reason, r.Body, r.Message)
+		resp = immediateResponse(r.Status, r.Reason, r.Body, r.Message, cmp.Or(r.RetryAfter, st.s.retryAfter))
 	} else {
 		st.s.log.V(2).Info("decider failed", "error", err.Error())
-		resp = immediateResponse(503, "picker_error", nil, err.Error())
+		resp = immediateResponse(503, "picker_error", nil, err.Error(), st.s.retryAfter)
 	}
 	if err := st.send(resp); err != nil {
 		return err
