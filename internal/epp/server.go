@@ -118,15 +118,19 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	h := &Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel, Identity: d.Identity,
 		WaitEstimate: cachedEstimate(func(class string) time.Duration { return s.status.Class(class).WaitP50 }, time.Second, time.Now)}
 	s.ext = extproc.NewServer(h, extproc.Options{
-		MaxBodyBytes:   opts.MaxBodyBytes,
-		Logger:         log.WithName("extproc"),
-		Observer:       s.metrics,
-		HeaderPickOnly: opts.HeaderPickOnly,
+		MaxBodyBytes: opts.MaxBodyBytes,
+		// MaxHeldBodyBytes is set by Complete; tests that skip it get
+		// extproc's default.
+		MaxHeldBodyBytes: opts.MaxHeldBodyBytes,
+		Logger:           log.WithName("extproc"),
+		Observer:         s.metrics,
+		HeaderPickOnly:   opts.HeaderPickOnly,
 
 		ConformanceHooks: opts.ConformanceHooks,
 		RetryAfter:       opts.RetryAfter,
 	})
 	s.ext.Register(s.grpcSrv)
+	metrics.RegisterHeldBytes(s.reg, s.ext)
 
 	s.health = health.NewServer()
 	s.healthSrv = grpc.NewServer()

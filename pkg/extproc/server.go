@@ -25,6 +25,9 @@ const (
 	OutcomeRejected = "rejected"
 	// OutcomeBodyTooLarge: the request body exceeded Options.MaxBodyBytes (400).
 	OutcomeBodyTooLarge = "body_too_large"
+	// OutcomeHeldBytes: the request body would have passed
+	// Options.MaxHeldBodyBytes (429 held_bytes).
+	OutcomeHeldBytes = "held_bytes"
 	// OutcomeDeciderError: the Decider failed with an error that is not a
 	// Reply (503).
 	OutcomeDeciderError = "decider_error"
@@ -47,6 +50,13 @@ type Options struct {
 	// MaxBodyBytes bounds the request body; a larger body is answered with
 	// 400. Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int
+	// MaxHeldBodyBytes bounds the request body bytes held by all streams
+	// that have not yet passed their body back to the gateway: received,
+	// or announced by content-length and reserved at the headers. A
+	// request that would pass it is answered 429 held_bytes, at its
+	// headers when it announces its length; bytes already held are never
+	// given up for it. Zero means DefaultMaxHeldBodyBytes.
+	MaxHeldBodyBytes int64
 	// Logger receives per-stream diagnostics at verbosity 4 and protocol
 	// errors at verbosity 2. The zero Logger discards.
 	Logger logr.Logger
@@ -82,6 +92,7 @@ const DefaultRetryAfter = time.Second
 type Server struct {
 	decider        Decider
 	maxBody        int
+	held           budget
 	log            logr.Logger
 	obs            Observer
 	headerPickOnly bool
@@ -143,9 +154,20 @@ func NewServer(d Decider, opts Options) *Server {
 	if opts.RetryAfter <= 0 {
 		opts.RetryAfter = DefaultRetryAfter
 	}
-	return &Server{decider: d, maxBody: opts.MaxBodyBytes, log: opts.Logger, obs: opts.Observer, headerPickOnly: opts.HeaderPickOnly,
+	if opts.MaxHeldBodyBytes <= 0 {
+		opts.MaxHeldBodyBytes = DefaultMaxHeldBodyBytes
+	}
+	return &Server{decider: d, maxBody: opts.MaxBodyBytes, held: budget{limit: opts.MaxHeldBodyBytes},
+		log: opts.Logger, obs: opts.Observer, headerPickOnly: opts.HeaderPickOnly,
 		conformance: opts.ConformanceHooks, retryAfter: opts.RetryAfter, picks: map[string]*extprocv3.ProcessingResponse{}}
 }
+
+// HeldBodyBytes returns the request body bytes the streams hold or have
+// reserved now (see Options.MaxHeldBodyBytes).
+func (s *Server) HeldBodyBytes() int64 { return s.held.held.Load() }
+
+// MaxHeldBodyBytes returns the limit of HeldBodyBytes.
+func (s *Server) MaxHeldBodyBytes() int64 { return s.held.limit }
 
 // Register adds the ExternalProcessor service to a gRPC server.
 func (s *Server) Register(r grpc.ServiceRegistrar) {
@@ -163,6 +185,7 @@ const ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	st := stream{s: s, srv: srv, ctx: srv.Context(), outcome: OutcomeClientGone}
 	err := st.run()
+	st.releaseBody()
 	st.finish()
 	if s.obs != nil {
 		s.obs.StreamDone(st.outcome)

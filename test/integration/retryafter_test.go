@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
 	"github.com/laneway-dev/laneway/internal/extprocclient"
 	"github.com/laneway-dev/laneway/internal/launch"
 )
@@ -50,6 +52,19 @@ func TestRetryAfter(t *testing.T) {
 		p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}, Args: []string{flag}})
 		ex := mustStart(t, p.Client(t, extprocclient.Options{}), pinned(spec(tokens(8, 1)), "127.0.0.99:9"))
 		if got := retryAfter(t, ex, http.StatusServiceUnavailable, "no_endpoints"); got != dflt {
+			t.Errorf("retry-after %d, want the flag's %d", got, dflt)
+		}
+	})
+
+	t.Run("held bytes", func(t *testing.T) {
+		p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"},
+			Args: []string{flag, "--max-body-bytes=2000", "--max-held-body-bytes=2000"}})
+		// A slow client holds 1500 bytes of the budget with its headers.
+		tr := startTrickler(ctx, t, extprocv3.NewExternalProcessorClient(p.Conn(t)), paddedBody(1500), "127.0.0.2:8000")
+		defer tr.cancel()
+		p.Metrics.Await(t, 1500, "laneway_held_body_bytes")
+		ex := mustStart(t, p.Client(t, extprocclient.Options{}), spec(paddedBody(1000)))
+		if got := retryAfter(t, ex, http.StatusTooManyRequests, "held_bytes"); got != dflt {
 			t.Errorf("retry-after %d, want the flag's %d", got, dflt)
 		}
 	})
