@@ -53,6 +53,7 @@ var _ extproc.Decider = (*Handler)(nil)
 
 // Decide implements extproc.Decider.
 func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Decision, error) {
+	fault("decide", req.Headers)
 	if h.Gate != nil {
 		if reason := h.Gate(); reason != "" {
 			return extproc.Decision{}, jsonReply(http.StatusServiceUnavailable, reason, "this endpoint picker replica is not serving ("+reason+")", nil)
@@ -81,9 +82,20 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 		}
 		return extproc.Decision{}, h.replyFor(err)
 	}
+	// The grant must go back whatever happens before it is handed over:
+	// a panic from here on would otherwise leave the endpoint charged
+	// forever. The stream's own recovery answers the client.
+	handed := false
+	defer func() {
+		if !handed {
+			g.Done()
+		}
+	}()
+	fault("after_grant", req.Headers)
 	body := h.routed(req, t, g)
 	recycleBlocks(blocks, t)
 	putTicket(t)
+	handed = true
 	return extproc.Decision{Endpoints: g.Endpoints, Body: body, Lifecycle: g}, nil
 }
 

@@ -37,6 +37,9 @@ const (
 	// OutcomeProtocolError: the gateway broke the protocol or asked for an
 	// unsupported mode; the stream ended with a gRPC error.
 	OutcomeProtocolError = "protocol_error"
+	// OutcomePanic: handling the stream panicked; it was answered 500, or
+	// ended with a gRPC error when its pick had already been sent.
+	OutcomePanic = "panic"
 )
 
 // Observer receives one call per finished stream, e.g. to count outcomes in
@@ -184,7 +187,7 @@ const ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
 // violations.
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	st := stream{s: s, srv: srv, ctx: srv.Context(), outcome: OutcomeClientGone}
-	err := st.run()
+	err := st.runContained()
 	st.releaseBody()
 	st.finish()
 	if s.obs != nil {

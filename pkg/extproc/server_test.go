@@ -658,3 +658,35 @@ func TestHeaderPickOnly(t *testing.T) {
 		t.Errorf("header %v metadata %v, want header %v metadata %v", d.Endpoints, d.MetadataEndpoints, eps[:1], eps)
 	}
 }
+
+// TestDeciderPanicContained: a Decider that panics gets its stream
+// answered 500 with a JSON error, outcome panic; the server serves the
+// next stream as before.
+func TestDeciderPanicContained(t *testing.T) {
+	obs := newOutcomes()
+	d := deciderFunc(func(_ context.Context, req *extproc.Request) (extproc.Decision, error) {
+		if req.Headers["x-boom"] != "" {
+			panic("boom")
+		}
+		return extproc.Decision{Endpoints: []string{"10.0.0.1:8000"}}, nil
+	})
+	conn := startServer(t, d, extproc.Options{Observer: obs})
+	c := extprocclient.New(conn, extprocclient.Options{})
+	ex, err := c.Start(context.Background(), extprocclient.RequestSpec{Headers: http.Header{"x-boom": {"1"}}, Body: []byte("{}")})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	ex.Close()
+	im := ex.Decision().Immediate
+	if im == nil || im.Status != 500 || im.Headers.Get(extproc.HeaderReason) != "internal_error" || !json.Valid(im.Body) {
+		t.Fatalf("answer %+v, want 500 internal_error with a JSON body", im)
+	}
+	if got := obs.next(t); got != extproc.OutcomePanic {
+		t.Errorf("outcome %q, want %q", got, extproc.OutcomePanic)
+	}
+	ex, err = c.Start(context.Background(), extprocclient.RequestSpec{Body: []byte("{}")})
+	if err != nil || !ex.Decision().Routed() {
+		t.Fatalf("next stream: %v %+v, want routed", err, ex.Decision().Immediate)
+	}
+	ex.Close()
+}

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"runtime/debug"
 	"strconv"
 	"strings"
 
@@ -54,6 +56,37 @@ func (st *stream) protocolError(c codes.Code, format string, args ...any) error 
 	err := status.Errorf(c, format, args...)
 	st.s.log.V(2).Info("ext_proc protocol error", "error", err.Error())
 	return err
+}
+
+// runContained is run with a panic contained to this stream: a bug that
+// one request triggers must not take down the process and every other
+// stream with it (gRPC does not recover handler panics). The panic is
+// logged once with its stack; the stream is answered 500 with a JSON error
+// when it has had no answer yet, and otherwise ends with a gRPC error,
+// which the gateway turns into its own failure.
+func (st *stream) runContained() (err error) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		st.s.log.Error(fmt.Errorf("panic: %v", r), "stream handler panicked; the stream is answered and the picker keeps serving",
+			"answered", st.answered, "stack", string(debug.Stack()))
+		answered := st.answered
+		st.outcome = OutcomePanic
+		if answered {
+			err = status.Error(codes.Internal, "endpoint picker internal error")
+			return
+		}
+		if serr := st.srv.Send(immediateResponse(http.StatusInternalServerError, "internal_error", nil,
+			"internal error in the endpoint picker", 0)); serr != nil {
+			err = fmt.Errorf("send ext_proc response: %w", serr)
+			return
+		}
+		st.answered = true
+		err = nil
+	}()
+	return st.run()
 }
 
 // run reads the stream until the gateway ends it or the request is answered
@@ -163,6 +196,7 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 	if !st.gotHeader || st.answered {
 		return true, st.protocolError(codes.InvalidArgument, "request body outside the request body phase")
 	}
+	fault("request_body", st.req.Headers)
 	if len(st.req.Body)+len(b.GetBody()) > st.s.maxBody {
 		return true, st.sendBodyTooLarge(len(st.req.Body) + len(b.GetBody()))
 	}
@@ -377,6 +411,7 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 	if !st.answered {
 		return st.protocolError(codes.InvalidArgument, "response headers before the request was answered")
 	}
+	fault("response_headers", st.req.Headers)
 	var served string
 	if st.conformance {
 		// Without the gateway's served-endpoint metadata the best statement
