@@ -11,8 +11,6 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
-	"go.uber.org/zap/zapcore"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/laneway-dev/laneway/internal/epp"
 )
@@ -30,7 +28,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "epp:", err)
 		os.Exit(2)
 	}
-	log := zap.New(zap.Level(zapcore.Level(-opts.Verbosity)))
+	log := epp.NewLogger(opts.Verbosity, os.Stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	run := epp.Run // standalone: --endpoints and --policy-config

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/drr"
@@ -41,12 +42,18 @@ type Handler struct {
 	// Identity, when set, returns the policy's identity source (SPEC §14)
 	// for each request; nil or a nil answer means none.
 	Identity func() *policy.Identity
+	// WaitEstimate, when set, returns a class's current queue-wait
+	// estimate, 0 when it has none: the retry-after of the class's 429s
+	// (queue and tenant limits, shed). Answers without a class, or of a
+	// class without an estimate, carry the server's --retry-after.
+	WaitEstimate func(class string) time.Duration
 }
 
 var _ extproc.Decider = (*Handler)(nil)
 
 // Decide implements extproc.Decider.
 func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Decision, error) {
+	fault("decide", req.Headers)
 	if h.Gate != nil {
 		if reason := h.Gate(); reason != "" {
 			return extproc.Decision{}, jsonReply(http.StatusServiceUnavailable, reason, "this endpoint picker replica is not serving ("+reason+")", nil)
@@ -76,11 +83,22 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 			recycleBlocks(blocks, t)
 			putTicket(t)
 		}
-		return extproc.Decision{}, replyFor(err)
+		return extproc.Decision{}, h.replyFor(err)
 	}
+	// The grant must go back whatever happens before it is handed over:
+	// a panic from here on would otherwise leave the endpoint charged
+	// forever. The stream's own recovery answers the client.
+	handed := false
+	defer func() {
+		if !handed {
+			g.Done()
+		}
+	}()
+	fault("after_grant", req.Headers)
 	body := h.routed(req, t, g)
 	recycleBlocks(blocks, t)
 	putTicket(t)
+	handed = true
 	return extproc.Decision{Endpoints: g.Endpoints, Body: body, Lifecycle: g}, nil
 }
 
@@ -135,7 +153,7 @@ func longer(a, b string) string {
 
 // replyFor maps a dispatcher error to the client's answer (SPEC §5, §7).
 // Context errors pass through: the gateway went away and nobody listens.
-func replyFor(err error) error {
+func (h *Handler) replyFor(err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
@@ -153,19 +171,31 @@ func replyFor(err error) error {
 		if rej.Tenant != "" { // a tenant's own limit, or the class's tenant bound
 			details["tenant"] = rej.Tenant
 		}
-		return jsonReply(http.StatusTooManyRequests, "queue_limit", rej.Error(), details)
+		return h.retryIn(rej.Class, jsonReply(http.StatusTooManyRequests, "queue_limit", rej.Error(), details))
 	case errors.As(err, &shed):
-		return jsonReply(http.StatusTooManyRequests, "shed", shed.Error(), map[string]any{
+		return h.retryIn(shed.Class, jsonReply(http.StatusTooManyRequests, "shed", shed.Error(), map[string]any{
 			"policy_class":   shed.Class,
 			"waited_seconds": shed.Waited.Seconds(),
 			"budget_seconds": shed.Budget.Seconds(),
-		})
+		}))
 	case errors.As(err, &none):
 		return jsonReply(http.StatusServiceUnavailable, "no_endpoints", none.Error(), nil)
 	case errors.Is(err, dispatcher.ErrShuttingDown):
 		return jsonReply(http.StatusServiceUnavailable, "shutting_down", err.Error(), nil)
 	}
 	return jsonReply(http.StatusServiceUnavailable, "internal", "endpoint picker error", nil)
+}
+
+// retryIn sets r's retry-after to class's queue-wait estimate, when there
+// is one. A client told to come back after about the time the class's
+// queued requests now wait finds, on average, room made by the requests
+// ahead of it; the median rather than a tail keeps the advice short
+// enough to be followed.
+func (h *Handler) retryIn(class string, r *extproc.Reply) *extproc.Reply {
+	if h.WaitEstimate != nil {
+		r.RetryAfter = h.WaitEstimate(class)
+	}
+	return r
 }
 
 func jsonReply(status int, reason, msg string, details map[string]any) *extproc.Reply {
@@ -195,4 +225,30 @@ func tenantOf(req *extproc.Request, id *policy.Identity) string {
 		return strings.TrimSpace(req.Headers[id.Header])
 	}
 	return ""
+}
+
+// cachedEstimate wraps a class's queue-wait estimate read so that each
+// class is read at most once per ttl. The status tracker's read walks the
+// class's last minute and every tenant in it, which a storm of 429s would
+// otherwise repeat for each rejection, holding the lock the dispatcher
+// loop records under; an estimate up to ttl old is as good an advice for a
+// retry given in whole seconds.
+func cachedEstimate(read func(class string) time.Duration, ttl time.Duration, now func() time.Time) func(string) time.Duration {
+	type entry struct {
+		at  time.Time
+		est time.Duration
+	}
+	var mu sync.Mutex
+	cache := map[string]entry{}
+	return func(class string) time.Duration {
+		t := now()
+		mu.Lock()
+		defer mu.Unlock()
+		if e, ok := cache[class]; ok && t.Sub(e.at) < ttl {
+			return e.est
+		}
+		e := entry{at: t, est: read(class)}
+		cache[class] = e
+		return e.est
+	}
 }

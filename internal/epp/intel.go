@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -140,6 +141,10 @@ type intel struct {
 	promptTokens, cachedTokens *prometheus.CounterVec
 	// routedTo caches both counters' children per endpoint.
 	routedTo *metrics.Children[routedCounters]
+	// live is the endpoint set in force (nil before the first): Routed
+	// counts only for its endpoints, so that a request granted just
+	// before its endpoint left does not bring the removed series back.
+	live atomic.Pointer[map[string]struct{}]
 }
 
 // routedCounters are one endpoint's children of the routed-token series.
@@ -165,9 +170,24 @@ func (in *intel) configure(o *dispatcher.Options) {
 	} else {
 		o.Picker = sched.NewLeastLoaded(uint64(time.Now().UnixNano()))
 	}
-	if in.opts.ScrapeMetrics {
-		o.OnEndpoints = in.setTargets
+	o.OnEndpoints = in.setEndpoints
+}
+
+// setEndpoints is the dispatcher's OnEndpoints hook: the scraper follows
+// the endpoint set, and the routed-token series of endpoints that left
+// are deleted (the core's and the scraper's per-endpoint series follow
+// their state already).
+func (in *intel) setEndpoints(eps []dispatcher.Endpoint) {
+	in.setTargets(eps)
+	live := make(map[string]struct{}, len(eps))
+	for _, e := range eps {
+		live[e.Addr] = struct{}{}
 	}
+	in.live.Store(&live)
+	in.routedTo.Retain(func(ep string) bool { return has(live, ep) }, func(ep string) {
+		in.promptTokens.DeleteLabelValues(ep)
+		in.cachedTokens.DeleteLabelValues(ep)
+	})
 }
 
 // attach connects the built dispatcher: the scraper delivers to it, and
@@ -242,9 +262,11 @@ func (in *intel) BlockSize() int { return in.disp.BlockSize() }
 // priority.
 func (in *intel) Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant) []byte {
 	ep := g.Endpoints[0]
-	c := in.routedTo.Get(ep)
-	c.prompt.Add(float64(t.RawISL))
-	c.cached.Add(float64(t.Cached))
+	if live := in.live.Load(); live == nil || has(*live, ep) {
+		c := in.routedTo.Get(ep)
+		c.prompt.Add(float64(t.RawISL))
+		c.cached.Add(float64(t.Cached))
+	}
 	if log := in.log.V(4); log.Enabled() {
 		log.Info("routed", "endpoint", ep, "rawISL", t.RawISL, "cachedTokens", t.Cached, "class", t.Class,
 			"priority", t.Priority, "hasPriority", t.HasPriority)
@@ -265,6 +287,9 @@ func (in *intel) Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatche
 	}
 	return body
 }
+
+// has reports whether k is in the set m.
+func has(m map[string]struct{}, k string) bool { _, ok := m[k]; return ok }
 
 // blockBufs recycles Ticket.Blocks buffers: 2,048 hashes for a 32k-token
 // prompt would otherwise be a 16 kB allocation per request.

@@ -3,14 +3,17 @@ package epp
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/laneway-dev/laneway/pkg/extproc"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
@@ -55,6 +58,19 @@ type Options struct {
 	HeaderPickOnly bool
 	// MaxBodyBytes bounds a request body (400 beyond it).
 	MaxBodyBytes int
+	// MaxHeldBodyBytes bounds the body bytes held by all streams not yet
+	// answered (429 held_bytes beyond it). Zero before Complete derives
+	// it: half of GOMEMLIMIT when that is set, else 512 MiB, and never
+	// below MaxBodyBytes.
+	MaxHeldBodyBytes int64
+	// ConformanceHooks honours the upstream conformance suite's request
+	// header test-epp-endpoint-selection and echoes the served endpoint
+	// (SPEC §7); off, any client could pin its request to a pod past
+	// taints and learn pod addresses.
+	ConformanceHooks bool
+	// RetryAfter is the retry-after of the 429s and 503s that have no
+	// estimate of their own (SPEC §15).
+	RetryAfter time.Duration
 	// PolicyPollInterval is how often the policy file is checked for
 	// changes.
 	PolicyPollInterval time.Duration
@@ -134,6 +150,7 @@ func NewOptions() *Options {
 		// route on, and header and metadata carry the same value.
 		MaxFallbacks:       0,
 		MaxBodyBytes:       16 << 20,
+		RetryAfter:         extproc.DefaultRetryAfter,
 		PolicyPollInterval: time.Second,
 		Verbosity:          2,
 		Intel:              defaultIntelOptions(),
@@ -167,6 +184,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxFallbacks, "max-fallbacks", o.MaxFallbacks, "Fallback endpoints returned after the pick (ordered, comma-separated).")
 	fs.BoolVar(&o.HeaderPickOnly, "header-pick-only", o.HeaderPickOnly, "Put only the pick in the x-gateway-destination-endpoint header and the fallback list in the envoy.lb metadata (for plain Envoy with --max-fallbacks > 0).")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "Largest request body accepted (400 beyond it).")
+	fs.Int64Var(&o.MaxHeldBodyBytes, "max-held-body-bytes", o.MaxHeldBodyBytes, "Budget for the request body bytes held by requests not yet answered, counted from content-length at the headers; a request that would pass it gets 429 held_bytes (0: half of GOMEMLIMIT when set, else 512 MiB).")
+	fs.BoolVar(&o.ConformanceHooks, "enable-conformance-hooks", o.ConformanceHooks, "Honour the conformance suite's test-epp-endpoint-selection request header (pins a request to the pods it names) and answer with x-conformance-test-served-endpoint. Only for conformance runs: any client could use it.")
+	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503 without a queue-wait estimate of its class (no endpoint, not ready, shutting down, a class nothing waited in lately); rounded up to whole seconds.")
 	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config is checked for changes.")
 	fs.IntVarP(&o.Verbosity, "v", "v", o.Verbosity, "Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.")
 	fs.IntVar(&o.PprofPort, "pprof-port", o.PprofPort, "Serve net/http/pprof on this port (0: off).")
@@ -198,7 +218,23 @@ func (o *Options) Complete() error {
 		}
 	}
 	o.Endpoints = eps
+	if o.MaxHeldBodyBytes == 0 {
+		o.MaxHeldBodyBytes = defaultHeldBodyBytes(debug.SetMemoryLimit(-1), o.MaxBodyBytes)
+	}
 	return nil
+}
+
+// defaultHeldBodyBytes is --max-held-body-bytes' default for a Go memory
+// limit (math.MaxInt64 when GOMEMLIMIT is unset): half of it, leaving the
+// other half to everything else the picker holds and to the garbage the
+// collector has not freed yet, else extproc's 512 MiB; never below one
+// body of maxBody, which could otherwise never be admitted.
+func defaultHeldBodyBytes(memLimit int64, maxBody int) int64 {
+	n := int64(extproc.DefaultMaxHeldBodyBytes)
+	if memLimit > 0 && memLimit < math.MaxInt64 {
+		n = memLimit / 2
+	}
+	return max(n, int64(maxBody))
 }
 
 // Validate checks the options.
@@ -219,6 +255,12 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-body-bytes: %d must be positive", o.MaxBodyBytes))
+	}
+	if o.MaxHeldBodyBytes < int64(o.MaxBodyBytes) {
+		errs = append(errs, fmt.Errorf("--max-held-body-bytes: %d is below --max-body-bytes (%d): a body between them could never be admitted", o.MaxHeldBodyBytes, o.MaxBodyBytes))
+	}
+	if o.RetryAfter <= 0 {
+		errs = append(errs, fmt.Errorf("--retry-after: %s must be positive", o.RetryAfter))
 	}
 	if o.DrainTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--drain-timeout: %s is negative", o.DrainTimeout))

@@ -115,13 +115,22 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	s.grpcSrv = grpc.NewServer(creds...)
 	notReady := ReasonNotReady
 	s.notServing.Store(&notReady) // health is set up below
-	s.ext = extproc.NewServer(&Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel, Identity: d.Identity}, extproc.Options{
-		MaxBodyBytes:   opts.MaxBodyBytes,
-		Logger:         log.WithName("extproc"),
-		Observer:       s.metrics,
-		HeaderPickOnly: opts.HeaderPickOnly,
+	h := &Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel, Identity: d.Identity,
+		WaitEstimate: cachedEstimate(func(class string) time.Duration { return s.status.Class(class).WaitP50 }, time.Second, time.Now)}
+	s.ext = extproc.NewServer(h, extproc.Options{
+		MaxBodyBytes: opts.MaxBodyBytes,
+		// MaxHeldBodyBytes is set by Complete; tests that skip it get
+		// extproc's default.
+		MaxHeldBodyBytes: opts.MaxHeldBodyBytes,
+		Logger:           log.WithName("extproc"),
+		Observer:         s.metrics,
+		HeaderPickOnly:   opts.HeaderPickOnly,
+
+		ConformanceHooks: opts.ConformanceHooks,
+		RetryAfter:       opts.RetryAfter,
 	})
 	s.ext.Register(s.grpcSrv)
+	metrics.RegisterHeldBytes(s.reg, s.ext)
 
 	s.health = health.NewServer()
 	s.healthSrv = grpc.NewServer()

@@ -40,9 +40,9 @@ func TestShedAnswerOnAFakeClock(t *testing.T) {
 	if len(l) != 1 || l[0].Req != &queued {
 		t.Fatalf("decisions %d at 2 s, want the queued request shed", len(l))
 	}
-	reply, ok := replyFor(l[0].Err).(*extproc.Reply)
+	reply, ok := (&Handler{}).replyFor(l[0].Err).(*extproc.Reply)
 	if !ok || reply.Status != http.StatusTooManyRequests || reply.Reason != "shed" {
-		t.Fatalf("answer %#v, want a 429 shed reply", replyFor(l[0].Err))
+		t.Fatalf("answer %#v, want a 429 shed reply", (&Handler{}).replyFor(l[0].Err))
 	}
 	var body struct {
 		Error   string

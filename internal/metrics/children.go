@@ -47,3 +47,23 @@ func (c *Children[T]) Get(key string) T {
 	c.m.Store(&next)
 	return v
 }
+
+// Retain drops the children whose key keep rejects, passing each dropped
+// key to drop (a vector's DeleteLabelValues, so that its series leaves
+// the page): for keys that stop existing, such as the endpoints of a
+// pool whose pods come and go. A later Get of a dropped key makes a new
+// child; a caller still holding the old one updates nothing on the page.
+func (c *Children[T]) Retain(keep func(key string) bool, drop func(key string)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := *c.m.Load()
+	next := make(map[string]T, len(old))
+	for k, v := range old {
+		if keep(k) {
+			next[k] = v
+		} else {
+			drop(k)
+		}
+	}
+	c.m.Store(&next)
+}

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -42,6 +43,35 @@ func TestChildren(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(vec); n != 5 {
 		t.Errorf("%d series, want 5: a key is made only when first used", n)
+	}
+}
+
+// TestChildrenRetain: dropped keys leave the cache and, through drop, the
+// vector; a later Get makes a fresh child at zero.
+func TestChildrenRetain(t *testing.T) {
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c_total", Help: "h"}, []string{"k"})
+	c := NewChildren(func(k string) prometheus.Counter { return vec.WithLabelValues(k) })
+	for _, k := range []string{"a", "b", "c"} {
+		c.Get(k).Add(2)
+	}
+	var dropped []string
+	c.Retain(func(k string) bool { return k == "b" }, func(k string) {
+		dropped = append(dropped, k)
+		vec.DeleteLabelValues(k)
+	})
+	slices.Sort(dropped)
+	if !slices.Equal(dropped, []string{"a", "c"}) {
+		t.Errorf("dropped %v, want [a c]", dropped)
+	}
+	if n := testutil.CollectAndCount(vec); n != 1 {
+		t.Errorf("%d series after Retain, want 1", n)
+	}
+	c.Get("a").Inc()
+	if got := testutil.ToFloat64(vec.WithLabelValues("a")); got != 1 {
+		t.Errorf("a after it came back = %v, want 1 (a fresh series)", got)
+	}
+	if got := testutil.ToFloat64(vec.WithLabelValues("b")); got != 2 {
+		t.Errorf("kept b = %v, want 2", got)
 	}
 }
 

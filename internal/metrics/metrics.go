@@ -98,6 +98,28 @@ func (m *Metrics) Rejected(class, reason string) {
 	}
 }
 
+// HeldBytes is what RegisterHeldBytes reads: the ext_proc server's body
+// budget.
+type HeldBytes interface {
+	HeldBodyBytes() int64
+	MaxHeldBodyBytes() int64
+}
+
+// RegisterHeldBytes registers the held-body gauges, read from h at scrape
+// time: laneway_held_body_bytes and laneway_held_body_bytes_limit.
+func RegisterHeldBytes(reg prometheus.Registerer, h HeldBytes) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "laneway_held_body_bytes",
+			Help: "Request body bytes held (or reserved from content-length) by requests whose body has not been passed back to the gateway yet.",
+		}, func() float64 { return float64(h.HeldBodyBytes()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "laneway_held_body_bytes_limit",
+			Help: "The budget of laneway_held_body_bytes (--max-held-body-bytes); a request that would pass it gets 429 held_bytes.",
+		}, func() float64 { return float64(h.MaxHeldBodyBytes()) }),
+	)
+}
+
 // StreamDone counts one ext_proc stream by outcome.
 func (m *Metrics) StreamDone(outcome string) {
 	m.outcomes.Get(outcome).Inc()

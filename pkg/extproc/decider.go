@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"strconv"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -24,7 +25,8 @@ type Request struct {
 	// endpoint (which SPEC §7 answers with 503).
 	HasSubset bool
 	// TestEndpoints is the conformance header test-epp-endpoint-selection split
-	// on commas; nil means the header was absent or empty.
+	// on commas; nil means the header was absent or empty, or the server
+	// does not honour it (Options.ConformanceHooks).
 	TestEndpoints []string
 	// Metadata is the metadata_context the gateway forwarded with the
 	// request headers (its forwarding namespaces; nil when none). It is
@@ -94,6 +96,10 @@ type Reply struct {
 	Body []byte
 	// Message is the human-readable error text.
 	Message string
+	// RetryAfter is the retry-after header of a 429 or 503 (rounded up to
+	// whole seconds, at least one); 0 sends the server's
+	// Options.RetryAfter. Other statuses carry none.
+	RetryAfter time.Duration
 }
 
 // Error returns the reply's message, prefixed with its status and reason so

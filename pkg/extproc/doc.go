@@ -25,4 +25,10 @@
 // BUFFERED mode Envoy sends the body only after the request headers are
 // answered, so the headers get an empty answer and the pick rides on the body
 // response (with the body mutation, if any); the decision is still made once.
+//
+// Bodies held by the streams are bounded together (Options.MaxHeldBodyBytes):
+// a body announced by content-length is reserved whole at the request
+// headers, others as their buffer grows; a request that would pass the
+// budget is answered 429 held_bytes, and a body is let go as soon as it has
+// been passed back to the gateway.
 package extproc

@@ -37,6 +37,9 @@ const (
 	// HeaderReason names, in one machine word, why Laneway answered a request
 	// itself (ImmediateResponse).
 	HeaderReason = "x-laneway-reason"
+	// HeaderRetryAfter is the standard HTTP header, in seconds, on every
+	// 429 and 503 the picker answers itself.
+	HeaderRetryAfter = "retry-after"
 	// MaxChunkBytes bounds every body chunk the server streams back: Envoy
 	// and the upstream EPP use this size so a chunk plus framing stays under
 	// 64 KiB buffers.

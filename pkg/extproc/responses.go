@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -168,8 +169,10 @@ type errorBody struct {
 // immediateResponse answers the client directly. Envoy accepts only status
 // codes its StatusCode enum defines, so anything else becomes 503. The
 // details string (access log %RESPONSE_CODE_DETAILS%) must not contain
-// spaces, hence the reason word.
-func immediateResponse(code int, reason string, body []byte, message string) *extprocv3.ProcessingResponse {
+// spaces, hence the reason word. A 429 or 503 carries retry-after:
+// retryAfter in whole seconds, rounded up, at least one (HTTP's
+// delay-seconds has no fractions, and 0 would invite an instant retry).
+func immediateResponse(code int, reason string, body []byte, message string, retryAfter time.Duration) *extprocv3.ProcessingResponse {
 	if _, ok := typev3.StatusCode_name[int32(code)]; !ok || code < 200 {
 		code = http.StatusServiceUnavailable
 	}
@@ -185,6 +188,10 @@ func immediateResponse(code int, reason string, body []byte, message string) *ex
 	if reason != "" {
 		set = append(set, setHeader(HeaderReason, reason))
 		details += "_" + reason
+	}
+	if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
+		secs := max(1, int64((retryAfter+time.Second-1)/time.Second))
+		set = append(set, setHeader(HeaderRetryAfter, strconv.FormatInt(secs, 10)))
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{

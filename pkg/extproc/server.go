@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/go-logr/logr"
@@ -24,6 +25,9 @@ const (
 	OutcomeRejected = "rejected"
 	// OutcomeBodyTooLarge: the request body exceeded Options.MaxBodyBytes (400).
 	OutcomeBodyTooLarge = "body_too_large"
+	// OutcomeHeldBytes: the request body would have passed
+	// Options.MaxHeldBodyBytes (429 held_bytes).
+	OutcomeHeldBytes = "held_bytes"
 	// OutcomeDeciderError: the Decider failed with an error that is not a
 	// Reply (503).
 	OutcomeDeciderError = "decider_error"
@@ -33,6 +37,9 @@ const (
 	// OutcomeProtocolError: the gateway broke the protocol or asked for an
 	// unsupported mode; the stream ended with a gRPC error.
 	OutcomeProtocolError = "protocol_error"
+	// OutcomePanic: handling the stream panicked; it was answered 500, or
+	// ended with a gRPC error when its pick had already been sent.
+	OutcomePanic = "panic"
 )
 
 // Observer receives one call per finished stream, e.g. to count outcomes in
@@ -46,6 +53,13 @@ type Options struct {
 	// MaxBodyBytes bounds the request body; a larger body is answered with
 	// 400. Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int
+	// MaxHeldBodyBytes bounds the request body bytes held by all streams
+	// that have not yet passed their body back to the gateway: received,
+	// or announced by content-length and reserved at the headers. A
+	// request that would pass it is answered 429 held_bytes, at its
+	// headers when it announces its length; bytes already held are never
+	// given up for it. Zero means DefaultMaxHeldBodyBytes.
+	MaxHeldBodyBytes int64
 	// Logger receives per-stream diagnostics at verbosity 4 and protocol
 	// errors at verbosity 2. The zero Logger discards.
 	Logger logr.Logger
@@ -57,7 +71,23 @@ type Options struct {
 	// ip:port and fails on a list, so set this when fallbacks are returned
 	// to a gateway wired that way.
 	HeaderPickOnly bool
+	// ConformanceHooks honours the upstream conformance suite's hooks
+	// (SPEC §7): request header test-epp-endpoint-selection fills
+	// Request.TestEndpoints, and the response then carries
+	// x-conformance-test-served-endpoint. Off, the header is ignored like
+	// any unknown header: any client could send it to pin its request to
+	// a pod of its choosing and learn pod addresses.
+	ConformanceHooks bool
+	// RetryAfter is the retry-after of every 429 and 503 whose Reply does
+	// not carry its own (and of those the server answers itself). Zero
+	// means DefaultRetryAfter.
+	RetryAfter time.Duration
 }
+
+// DefaultRetryAfter is Options.RetryAfter's default: long enough that a
+// client honouring it does not hammer an overloaded picker, short enough
+// that a queue that drains in a moment is not left idle.
+const DefaultRetryAfter = time.Second
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor. It is safe
 // for concurrent use; every stream runs on its own gRPC goroutine and shares
@@ -65,9 +95,12 @@ type Options struct {
 type Server struct {
 	decider        Decider
 	maxBody        int
+	held           budget
 	log            logr.Logger
 	obs            Observer
 	headerPickOnly bool
+	conformance    bool
+	retryAfter     time.Duration
 
 	// picks holds the pick answer for each single endpoint, the answer of
 	// nearly every stream (no fallbacks, the body unchanged), built once
@@ -121,9 +154,23 @@ func NewServer(d Decider, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	return &Server{decider: d, maxBody: opts.MaxBodyBytes, log: opts.Logger, obs: opts.Observer, headerPickOnly: opts.HeaderPickOnly,
-		picks: map[string]*extprocv3.ProcessingResponse{}}
+	if opts.RetryAfter <= 0 {
+		opts.RetryAfter = DefaultRetryAfter
+	}
+	if opts.MaxHeldBodyBytes <= 0 {
+		opts.MaxHeldBodyBytes = DefaultMaxHeldBodyBytes
+	}
+	return &Server{decider: d, maxBody: opts.MaxBodyBytes, held: budget{limit: opts.MaxHeldBodyBytes},
+		log: opts.Logger, obs: opts.Observer, headerPickOnly: opts.HeaderPickOnly,
+		conformance: opts.ConformanceHooks, retryAfter: opts.RetryAfter, picks: map[string]*extprocv3.ProcessingResponse{}}
 }
+
+// HeldBodyBytes returns the request body bytes the streams hold or have
+// reserved now (see Options.MaxHeldBodyBytes).
+func (s *Server) HeldBodyBytes() int64 { return s.held.held.Load() }
+
+// MaxHeldBodyBytes returns the limit of HeldBodyBytes.
+func (s *Server) MaxHeldBodyBytes() int64 { return s.held.limit }
 
 // Register adds the ExternalProcessor service to a gRPC server.
 func (s *Server) Register(r grpc.ServiceRegistrar) {
@@ -140,7 +187,8 @@ const ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
 // violations.
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	st := stream{s: s, srv: srv, ctx: srv.Context(), outcome: OutcomeClientGone}
-	err := st.run()
+	err := st.runContained()
+	st.releaseBody()
 	st.finish()
 	if s.obs != nil {
 		s.obs.StreamDone(st.outcome)

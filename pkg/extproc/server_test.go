@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -234,25 +235,30 @@ func TestReplyMapping(t *testing.T) {
 		wantReason  string
 		wantBody    string
 		wantOutcome string
+		wantRetry   string // the retry-after header; the server's default is 3s
 	}{
 		{name: "429 with body", err: &extproc.Reply{Status: 429, Reason: "queue_limit", Body: []byte(`{"error":"full","details":{"limit":4}}`)},
-			wantStatus: 429, wantReason: "queue_limit", wantBody: `{"error":"full","details":{"limit":4}}`, wantOutcome: "queue_limit"},
+			wantStatus: 429, wantReason: "queue_limit", wantBody: `{"error":"full","details":{"limit":4}}`, wantOutcome: "queue_limit", wantRetry: "3"},
+		{name: "429 with its own retry-after", err: &extproc.Reply{Status: 429, Reason: "queue_limit", Message: "full", RetryAfter: 1500 * time.Millisecond},
+			wantStatus: 429, wantReason: "queue_limit", wantBody: `{"error":"full"}`, wantOutcome: "queue_limit", wantRetry: "2"},
+		{name: "a retry-after below a second is one", err: &extproc.Reply{Status: 503, Reason: "no_endpoints", Message: "none", RetryAfter: time.Millisecond},
+			wantStatus: 503, wantReason: "no_endpoints", wantBody: `{"error":"none"}`, wantOutcome: "no_endpoints", wantRetry: "1"},
 		{name: "503 generated body", err: &extproc.Reply{Status: 503, Reason: "no_endpoints", Message: "no ready endpoint"},
-			wantStatus: 503, wantReason: "no_endpoints", wantBody: `{"error":"no ready endpoint"}`, wantOutcome: "no_endpoints"},
+			wantStatus: 503, wantReason: "no_endpoints", wantBody: `{"error":"no ready endpoint"}`, wantOutcome: "no_endpoints", wantRetry: "3"},
 		{name: "400 malformed", err: &extproc.Reply{Status: 400, Reason: "malformed_body", Message: "body is not JSON"},
 			wantStatus: 400, wantReason: "malformed_body", wantBody: `{"error":"body is not JSON"}`, wantOutcome: "malformed_body"},
 		{name: "wrapped reply", err: fmt.Errorf("admit: %w", &extproc.Reply{Status: 429, Reason: "shed", Message: "expired"}),
-			wantStatus: 429, wantReason: "shed", wantBody: `{"error":"expired"}`, wantOutcome: "shed"},
+			wantStatus: 429, wantReason: "shed", wantBody: `{"error":"expired"}`, wantOutcome: "shed", wantRetry: "3"},
 		{name: "invalid status becomes 503", err: &extproc.Reply{Status: 0, Message: "x"},
-			wantStatus: 503, wantBody: `{"error":"x"}`, wantOutcome: extproc.OutcomeRejected},
+			wantStatus: 503, wantBody: `{"error":"x"}`, wantOutcome: extproc.OutcomeRejected, wantRetry: "3"},
 		{name: "plain error", err: errors.New("picker index broken"),
-			wantStatus: 503, wantReason: "picker_error", wantBody: `{"error":"picker index broken"}`, wantOutcome: extproc.OutcomeDeciderError},
+			wantStatus: 503, wantReason: "picker_error", wantBody: `{"error":"picker index broken"}`, wantOutcome: extproc.OutcomeDeciderError, wantRetry: "3"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			obs := newOutcomes()
 			d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) { return extproc.Decision{}, tc.err })
-			conn := startServer(t, d, extproc.Options{Observer: obs})
+			conn := startServer(t, d, extproc.Options{Observer: obs, RetryAfter: 3 * time.Second})
 			ex, err := extprocclient.New(conn, extprocclient.Options{}).Start(context.Background(), extprocclient.RequestSpec{Body: []byte("{}")})
 			if err != nil {
 				t.Fatalf("Start: %v", err)
@@ -265,6 +271,9 @@ func TestReplyMapping(t *testing.T) {
 			if im.Status != tc.wantStatus || im.Headers.Get(extproc.HeaderReason) != tc.wantReason ||
 				im.Headers.Get("content-type") != "application/json" || string(im.Body) != tc.wantBody {
 				t.Errorf("got %d reason %q type %q body %s", im.Status, im.Headers.Get(extproc.HeaderReason), im.Headers.Get("content-type"), im.Body)
+			}
+			if got := im.Headers.Get(extproc.HeaderRetryAfter); got != tc.wantRetry {
+				t.Errorf("retry-after %q, want %q", got, tc.wantRetry)
 			}
 			if got := obs.next(t); got != tc.wantOutcome {
 				t.Errorf("outcome %q, want %q", got, tc.wantOutcome)
@@ -285,6 +294,7 @@ func TestSubsetHintAndTestHeader(t *testing.T) {
 		name        string
 		hint        *structpb.Value // nil = key absent
 		testHeader  *string
+		noHooks     bool // serve without Options.ConformanceHooks
 		wantSubset  []string
 		wantHas     bool
 		wantTestEPs []string
@@ -297,6 +307,7 @@ func TestSubsetHintAndTestHeader(t *testing.T) {
 		{name: "empty string", hint: structpb.NewStringValue(""), wantSubset: []string{}, wantHas: true},
 		{name: "test header", testHeader: ptr("10.0.0.9:8000, 10.0.0.8"), wantTestEPs: []string{"10.0.0.9:8000", "10.0.0.8"}},
 		{name: "empty test header", testHeader: ptr("")},
+		{name: "test header without the hooks", testHeader: ptr("10.0.0.9:8000"), noHooks: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -305,7 +316,7 @@ func TestSubsetHintAndTestHeader(t *testing.T) {
 				got = *req
 				return extproc.Decision{Endpoints: []string{"10.0.0.1:8000"}}, nil
 			})
-			conn := startServer(t, d, extproc.Options{})
+			conn := startServer(t, d, extproc.Options{ConformanceHooks: !tc.noHooks})
 			s, _ := openStream(t, conn)
 			hs := []*corev3.HeaderValue{{Key: ":path", RawValue: []byte("/")}}
 			if tc.testHeader != nil {
@@ -340,7 +351,8 @@ func ptr(s string) *string { return &s }
 func TestLifecycleAndResponsePath(t *testing.T) {
 	tests := []struct {
 		name       string
-		conform    bool
+		conform    bool // the request carries the conformance header
+		hooks      bool // Options.ConformanceHooks
 		served     string
 		play       func(ex *extprocclient.Exchange) ([]string, error) // returns response header values of interest
 		reset      bool                                               // close the exchange before the response ends
@@ -387,21 +399,27 @@ func TestLifecycleAndResponsePath(t *testing.T) {
 			},
 		},
 		{
-			name: "conformance echo from metadata", conform: true, served: "10.0.0.2:8000",
+			name: "conformance echo from metadata", conform: true, hooks: true, served: "10.0.0.2:8000",
 			wantEvents: []string{"first_byte", "done"}, wantServed: "10.0.0.2:8000",
 		},
 		{
-			name: "conformance echo falls back to the pick", conform: true,
+			name: "conformance echo falls back to the pick", conform: true, hooks: true,
 			wantEvents: []string{"first_byte", "done"}, wantServed: "10.0.0.1:8000",
+		},
+		{
+			name: "conformance header ignored without the hooks", conform: true, served: "10.0.0.2:8000",
+			wantEvents: []string{"first_byte", "done"},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			lc := newLifecycle()
-			d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
+			var pins []string
+			d := deciderFunc(func(_ context.Context, req *extproc.Request) (extproc.Decision, error) {
+				pins = req.TestEndpoints
 				return extproc.Decision{Endpoints: []string{"10.0.0.1:8000", "10.0.0.2:8000"}, Lifecycle: lc}, nil
 			})
-			conn := startServer(t, d, extproc.Options{})
+			conn := startServer(t, d, extproc.Options{ConformanceHooks: tc.hooks})
 			h := http.Header{}
 			if tc.conform {
 				h.Set(extproc.HeaderTestEndpointSelection, "10.0.0.1:8000,10.0.0.2:8000")
@@ -409,6 +427,9 @@ func TestLifecycleAndResponsePath(t *testing.T) {
 			ex, err := extprocclient.New(conn, extprocclient.Options{}).Start(context.Background(), extprocclient.RequestSpec{Headers: h, Body: []byte("{}")})
 			if err != nil {
 				t.Fatalf("Start: %v", err)
+			}
+			if wantPins := tc.conform && tc.hooks; (pins != nil) != wantPins {
+				t.Errorf("Request.TestEndpoints = %v, want set: %t", pins, wantPins)
 			}
 			if tc.play != nil {
 				if _, err := tc.play(ex); err != nil {
@@ -636,4 +657,36 @@ func TestHeaderPickOnly(t *testing.T) {
 	if !slices.Equal(d.Endpoints, eps[:1]) || !slices.Equal(d.MetadataEndpoints, eps) {
 		t.Errorf("header %v metadata %v, want header %v metadata %v", d.Endpoints, d.MetadataEndpoints, eps[:1], eps)
 	}
+}
+
+// TestDeciderPanicContained: a Decider that panics gets its stream
+// answered 500 with a JSON error, outcome panic; the server serves the
+// next stream as before.
+func TestDeciderPanicContained(t *testing.T) {
+	obs := newOutcomes()
+	d := deciderFunc(func(_ context.Context, req *extproc.Request) (extproc.Decision, error) {
+		if req.Headers["x-boom"] != "" {
+			panic("boom")
+		}
+		return extproc.Decision{Endpoints: []string{"10.0.0.1:8000"}}, nil
+	})
+	conn := startServer(t, d, extproc.Options{Observer: obs})
+	c := extprocclient.New(conn, extprocclient.Options{})
+	ex, err := c.Start(context.Background(), extprocclient.RequestSpec{Headers: http.Header{"x-boom": {"1"}}, Body: []byte("{}")})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	ex.Close()
+	im := ex.Decision().Immediate
+	if im == nil || im.Status != 500 || im.Headers.Get(extproc.HeaderReason) != "internal_error" || !json.Valid(im.Body) {
+		t.Fatalf("answer %+v, want 500 internal_error with a JSON body", im)
+	}
+	if got := obs.next(t); got != extproc.OutcomePanic {
+		t.Errorf("outcome %q, want %q", got, extproc.OutcomePanic)
+	}
+	ex, err = c.Start(context.Background(), extprocclient.RequestSpec{Body: []byte("{}")})
+	if err != nil || !ex.Decision().Routed() {
+		t.Fatalf("next stream: %v %+v, want routed", err, ex.Decision().Immediate)
+	}
+	ex.Close()
 }

@@ -1,9 +1,13 @@
 package extproc
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"runtime/debug"
 	"strconv"
 	"strings"
 
@@ -31,6 +35,7 @@ type stream struct {
 
 	req         Request
 	bodyHint    int    // content-length, when usable as the body's capacity
+	reserved    int64  // bytes of the server's body budget this stream holds
 	conformance bool   // the request carried the conformance selection header
 	pick        string // the first endpoint: the one the gateway is told to use
 	list        string // the joined endpoint list (pick and fallbacks)
@@ -51,6 +56,37 @@ func (st *stream) protocolError(c codes.Code, format string, args ...any) error 
 	err := status.Errorf(c, format, args...)
 	st.s.log.V(2).Info("ext_proc protocol error", "error", err.Error())
 	return err
+}
+
+// runContained is run with a panic contained to this stream: a bug that
+// one request triggers must not take down the process and every other
+// stream with it (gRPC does not recover handler panics). The panic is
+// logged once with its stack; the stream is answered 500 with a JSON error
+// when it has had no answer yet, and otherwise ends with a gRPC error,
+// which the gateway turns into its own failure.
+func (st *stream) runContained() (err error) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		st.s.log.Error(fmt.Errorf("panic: %v", r), "stream handler panicked; the stream is answered and the picker keeps serving",
+			"answered", st.answered, "stack", string(debug.Stack()))
+		answered := st.answered
+		st.outcome = OutcomePanic
+		if answered {
+			err = status.Error(codes.Internal, "endpoint picker internal error")
+			return
+		}
+		if serr := st.srv.Send(immediateResponse(http.StatusInternalServerError, "internal_error", nil,
+			"internal error in the endpoint picker", 0)); serr != nil {
+			err = fmt.Errorf("send ext_proc response: %w", serr)
+			return
+		}
+		st.answered = true
+		err = nil
+	}()
+	return st.run()
 }
 
 // run reads the stream until the gateway ends it or the request is answered
@@ -116,9 +152,11 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 	st.req.Headers = headerMap(h.GetHeaders())
 	st.req.Metadata = msg.GetMetadataContext()
 	st.req.Subset, st.req.HasSubset = subsetHint(st.req.Metadata)
-	if v, ok := st.req.Headers[HeaderTestEndpointSelection]; ok {
-		st.conformance = true
-		st.req.TestEndpoints = splitList(nil, v)
+	if st.s.conformance {
+		if v, ok := st.req.Headers[HeaderTestEndpointSelection]; ok {
+			st.conformance = true
+			st.req.TestEndpoints = splitList(nil, v)
+		}
 	}
 
 	if h.GetEndOfStream() || st.reqMode == filterv3.ProcessingMode_NONE {
@@ -126,14 +164,24 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		return st.decideAndAnswer(answerHeaders, false)
 	}
 	switch st.reqMode {
-	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
-		// The buffer is made when a body turns out to come in several
-		// messages: the usual single-message body is kept as received.
-		if n, err := strconv.Atoi(st.req.Headers["content-length"]); err == nil && n > 0 && n <= st.s.maxBody {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED:
+		// An announced body is refused or reserved whole now, before its
+		// bytes arrive: a request that could not be held is told at once,
+		// and one that was admitted never loses its place halfway.
+		if n, err := strconv.Atoi(st.req.Headers["content-length"]); err == nil && n > 0 {
+			if n > st.s.maxBody {
+				return true, st.sendBodyTooLarge(n)
+			}
+			if ok, err := st.hold(int64(n)); !ok {
+				return true, err
+			}
 			st.bodyHint = n
 		}
-		return false, nil
-	case filterv3.ProcessingMode_BUFFERED:
+		if st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+			// The buffer is made when a body turns out to come in several
+			// messages: the usual single-message body is kept as received.
+			return false, nil
+		}
 		// Envoy sends the buffered body only after the headers are answered,
 		// so the headers get an empty answer now and the pick rides on the
 		// body response (header mutations on a body response take effect in
@@ -148,18 +196,20 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 	if !st.gotHeader || st.answered {
 		return true, st.protocolError(codes.InvalidArgument, "request body outside the request body phase")
 	}
+	fault("request_body", st.req.Headers)
 	if len(st.req.Body)+len(b.GetBody()) > st.s.maxBody {
 		return true, st.sendBodyTooLarge(len(st.req.Body) + len(b.GetBody()))
 	}
 	switch st.reqMode {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
-		switch {
-		case len(st.req.Body) == 0 && b.GetEndOfStream():
-			st.req.Body = b.GetBody() // the common single-chunk body: no copy
-		case st.req.Body == nil && st.bodyHint > 0:
-			st.req.Body = append(make([]byte, 0, max(st.bodyHint, len(b.GetBody()))), b.GetBody()...)
-		default:
-			st.req.Body = append(st.req.Body, b.GetBody()...)
+		if len(st.req.Body) == 0 && b.GetEndOfStream() {
+			// The common single-chunk body: kept as received, no copy.
+			if ok, err := st.hold(int64(len(b.GetBody()))); !ok {
+				return true, err
+			}
+			st.req.Body = b.GetBody()
+		} else if ok, err := st.appendBody(b.GetBody()); !ok {
+			return true, err
 		}
 		if !b.GetEndOfStream() {
 			return false, nil
@@ -168,10 +218,79 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 	case filterv3.ProcessingMode_BUFFERED:
 		// The whole body arrives in one message; end_of_stream is false only
 		// when trailers follow, which changes nothing here.
+		if ok, err := st.hold(int64(len(b.GetBody()))); !ok {
+			return true, err
+		}
 		st.req.Body = b.GetBody()
 		return st.decideAndAnswer(answerBody, false)
 	}
 	return true, st.protocolError(codes.InvalidArgument, "request body in body mode %s", st.reqMode)
+}
+
+// appendBody adds a chunk of a streamed body to the buffer. The buffer
+// grows as bytes arrive, doubling up to the announced length: the first
+// allocation is at most maxPrealloc, whatever content-length says. Its
+// capacity is held in the budget; when the budget cannot take the
+// doubled capacity the buffer grows to exactly what the body needs, and
+// when it cannot take that either the request is answered 429 (ok false).
+func (st *stream) appendBody(chunk []byte) (ok bool, err error) {
+	body := st.req.Body
+	need := len(body) + len(chunk)
+	if need <= cap(body) {
+		st.req.Body = append(body, chunk...)
+		return true, nil
+	}
+	want := max(need, 2*cap(body))
+	if body == nil && st.bodyHint > 0 {
+		want = max(need, min(st.bodyHint, maxPrealloc))
+	}
+	if st.bodyHint >= need {
+		want = min(want, st.bodyHint)
+	}
+	if _, ok := st.holdQuiet(int64(want)); !ok {
+		want = need
+		if ok, err := st.hold(int64(want)); !ok {
+			return false, err
+		}
+	}
+	grown := make([]byte, len(body), want)
+	copy(grown, body)
+	st.req.Body = append(grown, chunk...)
+	return true, nil
+}
+
+// hold makes sure the stream holds n bytes of the budget, reserving what it
+// lacks; when the budget cannot take them it answers 429 held_bytes and
+// reports ok false (err is the send's).
+func (st *stream) hold(n int64) (ok bool, err error) {
+	held, ok := st.holdQuiet(n)
+	if ok {
+		return true, nil
+	}
+	return false, st.sendHeldBytes(held, n-st.reserved)
+}
+
+// holdQuiet is hold without the answer: it returns the budget's bytes
+// held when it could not take them.
+func (st *stream) holdQuiet(n int64) (held int64, ok bool) {
+	if n <= st.reserved {
+		return 0, true
+	}
+	held, ok = st.s.held.reserve(n - st.reserved)
+	if ok {
+		st.reserved = n
+	}
+	return held, ok
+}
+
+// releaseBody lets go of the request body and gives its bytes back to the
+// budget: once it has been passed back to the gateway, or the stream ends.
+func (st *stream) releaseBody() {
+	st.req.Body = nil
+	if st.reserved != 0 {
+		st.s.held.release(st.reserved)
+		st.reserved = 0
+	}
 }
 
 func (st *stream) onRequestTrailers() (bool, error) {
@@ -218,7 +337,12 @@ func (st *stream) decideAndAnswer(kind answerKind, trailers bool) (end bool, err
 	body := st.req.Body
 	newLen := -1 // content-length to set; -1 leaves the header alone
 	if d.Body != nil && kind != answerHeaders {
+		// The replacement is what the stream holds from now on; an
+		// admitted request keeps it whatever the budget says.
 		body, newLen = d.Body, len(d.Body)
+		st.releaseBody()
+		st.reserved = int64(len(body))
+		st.s.held.force(st.reserved)
 	}
 	if kind == answerHeaders && d.Body != nil {
 		st.s.log.V(4).Info("ignoring body replacement for a request without a body", "endpoints", st.list)
@@ -242,6 +366,7 @@ func (st *stream) decideAndAnswer(kind answerKind, trailers bool) (end bool, err
 				return true, err
 			}
 		}
+		st.releaseBody() // passed back: nothing more to hold for it
 	case answerBody:
 		var replace []byte
 		if newLen >= 0 {
@@ -252,6 +377,7 @@ func (st *stream) decideAndAnswer(kind answerKind, trailers bool) (end bool, err
 		}
 		st.answered = true
 		st.outcome = OutcomeRouted
+		st.releaseBody()
 	}
 	if st.s.log.V(4).Enabled() {
 		st.s.log.V(4).Info("routed", "endpoints", st.list, "bodyBytes", len(body))
@@ -285,6 +411,7 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 	if !st.answered {
 		return st.protocolError(codes.InvalidArgument, "response headers before the request was answered")
 	}
+	fault("response_headers", st.req.Headers)
 	var served string
 	if st.conformance {
 		// Without the gateway's served-endpoint metadata the best statement
@@ -391,9 +518,36 @@ func (st *stream) send(resp *extprocv3.ProcessingResponse) error {
 	return nil
 }
 
+// heldBytesDetails is the details object of a 429 held_bytes answer, in
+// the shape of the queue limits' 429s.
+type heldBytesDetails struct {
+	LimitKind string `json:"limit_kind"`
+	Current   int64  `json:"current"`
+	Limit     int64  `json:"limit"`
+	Requested int64  `json:"requested"`
+}
+
+// sendHeldBytes answers 429 held_bytes: held bytes were held by all
+// streams when this one asked for requested more.
+func (st *stream) sendHeldBytes(held, requested int64) error {
+	msg := fmt.Sprintf("request bodies held by the endpoint picker: %d bytes held, this request needs %d more, over the limit of %d bytes",
+		held, requested, st.s.held.limit)
+	body, _ := json.Marshal(struct {
+		Error   string           `json:"error"`
+		Details heldBytesDetails `json:"details"`
+	}{msg, heldBytesDetails{LimitKind: "held_bytes", Current: held, Limit: st.s.held.limit, Requested: requested}}) // cannot fail
+	if err := st.send(immediateResponse(429, "held_bytes", body, msg, st.s.retryAfter)); err != nil {
+		return err
+	}
+	st.answered = true
+	st.outcome = OutcomeHeldBytes
+	st.releaseBody()
+	return nil
+}
+
 func (st *stream) sendBodyTooLarge(n int) error {
 	msg := fmt.Sprintf("request body of at least %d bytes exceeds the limit of %d bytes", n, st.s.maxBody)
-	if err := st.send(immediateResponse(400, "body_too_large", nil, msg)); err != nil {
+	if err := st.send(immediateResponse(400, "body_too_large", nil, msg, 0)); err != nil {
 		return err
 	}
 	st.answered = true
@@ -412,10 +566,10 @@ func (st *stream) sendDeciderError(err error) error {
 		if outcome == "" {
 			outcome = OutcomeRejected
 		}
-		resp = immediateResponse(r.Status, r.Reason, r.Body, r.Message)
+		resp = immediateResponse(r.Status, r.Reason, r.Body, r.Message, cmp.Or(r.RetryAfter, st.s.retryAfter))
 	} else {
 		st.s.log.V(2).Info("decider failed", "error", err.Error())
-		resp = immediateResponse(503, "picker_error", nil, err.Error())
+		resp = immediateResponse(503, "picker_error", nil, err.Error(), st.s.retryAfter)
 	}
 	if err := st.send(resp); err != nil {
 		return err

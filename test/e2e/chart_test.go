@@ -139,6 +139,8 @@ var wantKinds = map[string]map[string]int{
 		"ConfigMap": 1, "InferencePool": 1, "PolicyClass": 2},
 	"monitoring": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"ServiceMonitor": 1, "ConfigMap": 1},
+	"conformance": {"CustomResourceDefinition": 3, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+		"InferencePool": 1},
 	"full": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"InferencePool": 1, "PolicyProfile": 1, "PolicyClass": 4},
 	"tenants": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 2, "Deployment": 2,
@@ -384,27 +386,40 @@ func TestChartEPPDeployment(t *testing.T) {
 	}
 }
 
-// TestChartEPPGOMAXPROCS: by default the picker's GOMAXPROCS comes from its
-// CPU request (rounded up by the downward API); a GOMAXPROCS in extraEnv
-// replaces it rather than adding a second entry; the value can turn it off.
-func TestChartEPPGOMAXPROCS(t *testing.T) {
+// TestChartEPPGoRuntimeEnv: by default the picker's GOMAXPROCS comes from
+// its CPU request (rounded up by the downward API) and its GOMEMLIMIT is
+// its container's memory limit in bytes, so the Go runtime collects harder
+// before the kernel kills it and --max-held-body-bytes defaults to half of
+// it; either in extraEnv replaces the derived entry rather than adding a
+// second one; a value turns each off.
+func TestChartEPPGoRuntimeEnv(t *testing.T) {
 	sets := ciValueSets(t)
+	fromResource := func(name, res string) []corev1.EnvVar {
+		return []corev1.EnvVar{{Name: name, ValueFrom: &corev1.EnvVarSource{
+			ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: res, Divisor: resource.MustParse("1")},
+		}}}
+	}
 	tests := []struct {
 		name       string
+		env        string // the variable checked
 		files      []string
 		set        []string
+		values     string
 		deployment string          // "" is lw-laneway
-		want       []corev1.EnvVar // the GOMAXPROCS entries
+		want       []corev1.EnvVar // the env entries named env
 	}{
-		{name: "default", want: []corev1.EnvVar{{Name: "GOMAXPROCS", ValueFrom: &corev1.EnvVarSource{
-			ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "requests.cpu", Divisor: resource.MustParse("1")},
-		}}}},
-		{name: "extraEnv wins", files: []string{sets["full"]}, deployment: "laneway-full", want: []corev1.EnvVar{{Name: "GOMAXPROCS", Value: "2"}}},
-		{name: "off", set: []string{"epp.gomaxprocsFromCPURequest=false"}},
+		{name: "GOMAXPROCS default", env: "GOMAXPROCS", want: fromResource("GOMAXPROCS", "requests.cpu")},
+		{name: "GOMAXPROCS extraEnv wins", env: "GOMAXPROCS", files: []string{sets["full"]}, deployment: "laneway-full",
+			want: []corev1.EnvVar{{Name: "GOMAXPROCS", Value: "2"}}},
+		{name: "GOMAXPROCS off", env: "GOMAXPROCS", set: []string{"epp.gomaxprocsFromCPURequest=false"}},
+		{name: "GOMEMLIMIT default", env: "GOMEMLIMIT", want: fromResource("GOMEMLIMIT", "limits.memory")},
+		{name: "GOMEMLIMIT extraEnv wins", env: "GOMEMLIMIT", values: "epp:\n  extraEnv: [{name: GOMEMLIMIT, value: 900MiB}]\n",
+			want: []corev1.EnvVar{{Name: "GOMEMLIMIT", Value: "900MiB"}}},
+		{name: "GOMEMLIMIT off", env: "GOMEMLIMIT", set: []string{"epp.gomemlimitFromMemoryLimit=false"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			objs := render(t, renderArgs{release: "lw", namespace: "pool-ns", valuesFiles: tc.files, set: tc.set})
+			objs := render(t, renderArgs{release: "lw", namespace: "pool-ns", valuesFiles: tc.files, set: tc.set, values: tc.values})
 			name := tc.deployment
 			if name == "" {
 				name = "lw-laneway"
@@ -412,12 +427,39 @@ func TestChartEPPGOMAXPROCS(t *testing.T) {
 			dep := fromUnstructured[appsv1.Deployment](t, mustFind(t, objs, "Deployment", name))
 			var got []corev1.EnvVar
 			for _, e := range dep.Spec.Template.Spec.Containers[0].Env {
-				if e.Name == "GOMAXPROCS" {
+				if e.Name == tc.env {
 					got = append(got, e)
 				}
 			}
 			if !reflect.DeepEqual(got, tc.want) {
-				t.Errorf("GOMAXPROCS env %+v, want %+v", got, tc.want)
+				t.Errorf("%s env %+v, want %+v", tc.env, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestChartEPPConformanceHooks: the conformance hooks (a request header
+// that pins requests to pods) are off unless the values ask for them, as
+// the conformance value set does.
+func TestChartEPPConformanceHooks(t *testing.T) {
+	sets := ciValueSets(t)
+	tests := []struct {
+		name  string
+		files []string
+		set   []string
+		want  bool
+	}{
+		{name: "default"},
+		{name: "conformance set", files: []string{sets["conformance"]}, want: true},
+		{name: "value", set: []string{"epp.conformanceHooks=true"}, want: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, renderArgs{release: "lw", namespace: "pool-ns", valuesFiles: tc.files, set: tc.set})
+			dep := fromUnstructured[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "lw-laneway"))
+			args := dep.Spec.Template.Spec.Containers[0].Args
+			if got := slices.Contains(args, "--enable-conformance-hooks"); got != tc.want {
+				t.Errorf("--enable-conformance-hooks in args: %t, want %t (args %q)", got, tc.want, args)
 			}
 		})
 	}

@@ -207,6 +207,7 @@ const kindValues = `
 epp:
   image: {repository: laneway-epp, tag: e2e, pullPolicy: Never}
   drainTimeoutSeconds: 10
+  conformanceHooks: true # the scenarios pin requests with the conformance header
   resources: {requests: {cpu: 100m, memory: 64Mi}, limits: {memory: 512Mi}}
 envoy:
   enabled: true

@@ -86,6 +86,7 @@ func localValues(port int) string {
 	return fmt.Sprintf(`
 epp:
   drainTimeoutSeconds: %d
+  conformanceHooks: true # the scenarios pin requests with the conformance header
 inferencePool:
   name: pool
   create: true

@@ -31,9 +31,15 @@ const drainTimeout = 5 * time.Second
 // test/intel covers scraping against the simulator).
 func startEPP(t *testing.T, o launch.PickerOptions) *launch.Picker {
 	t.Helper()
+	return startEPPOf(t, bins, o)
+}
+
+// startEPPOf is startEPP with another build of the picker.
+func startEPPOf(t *testing.T, b launch.Binaries, o launch.PickerOptions) *launch.Picker {
+	t.Helper()
 	o.Args = append([]string{"--drain-timeout=" + drainTimeout.String(), "--scrape-metrics=false"}, o.Args...)
 	o.Proc.StopGrace = drainTimeout + 5*time.Second
-	return bins.RunPicker(t, o)
+	return b.RunPicker(t, o)
 }
 
 // writePolicy writes a policy file into the test's temp dir.
