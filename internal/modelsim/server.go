@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -40,6 +41,12 @@ type Server struct {
 	adapters map[string]bool // LoRA adapter names
 	instance string
 	created  int64
+
+	// hold, while non-nil, is a gate new completions wait at before they
+	// reach the engine (POST /debug/hold, /debug/release).
+	holdMu sync.Mutex
+	hold   chan struct{}
+	held   int // completions waiting at hold
 }
 
 // New validates cfg and builds a server; start it with Serve.
@@ -116,6 +123,8 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/requests", s.debugRequests)
+	mux.HandleFunc("POST /debug/hold", s.setHold(true))
+	mux.HandleFunc("POST /debug/release", s.setHold(false))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(InstanceHeader, s.instance)
 		mux.ServeHTTP(w, r)
@@ -157,8 +166,63 @@ type params struct {
 // present reports whether a raw field was given and is not null.
 func present(raw json.RawMessage) bool { return len(raw) > 0 && !bytes.Equal(raw, []byte("null")) }
 
+// setHold is POST /debug/hold and /debug/release: test tooling that lets a
+// client release a workload together. While held, new completions are
+// accepted but wait before they reach the engine, so the requests a
+// picker sends first never finish their prefill and it keeps the rest
+// queued; release lets every waiting completion in at once. Holding twice
+// or releasing twice is harmless.
+func (s *Server) setHold(on bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		s.holdMu.Lock()
+		switch {
+		case on && s.hold == nil:
+			s.hold = make(chan struct{})
+		case !on && s.hold != nil:
+			close(s.hold)
+			s.hold = nil
+		}
+		s.holdMu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// waitHold blocks while completions are held, or until the client goes.
+func (s *Server) waitHold(ctx context.Context) error {
+	s.holdMu.Lock()
+	gate := s.hold
+	if gate != nil {
+		s.held++
+	}
+	s.holdMu.Unlock()
+	if gate == nil {
+		return nil
+	}
+	defer func() {
+		s.holdMu.Lock()
+		s.held--
+		s.holdMu.Unlock()
+	}()
+	select {
+	case <-gate:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// heldCount is how many completions wait at the hold now (tests).
+func (s *Server) heldCount() int {
+	s.holdMu.Lock()
+	defer s.holdMu.Unlock()
+	return s.held
+}
+
 func (s *Server) completions(chat bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if s.waitHold(r.Context()) != nil {
+			return // the client went away while held
+		}
 		arrival := time.Now()
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 		if err != nil {

@@ -822,3 +822,43 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestHoldAndRelease: while held, a completion is accepted but does not
+// reach the engine (the metrics count it nowhere, the debug records hold
+// nothing); release lets it in and it finishes normally.
+func TestHoldAndRelease(t *testing.T) {
+	s := startSim(t, func(c *Config) { c.TimePerOutputToken = time.Millisecond })
+	if r := s.post(t, "/debug/hold", nil); r.StatusCode != http.StatusNoContent {
+		t.Fatalf("hold: %s", r.Status)
+	}
+	done := make(chan int, 1)
+	go func() {
+		b, _ := json.Marshal(map[string]any{"model": s.srv.cfg.Model, "prompt": ids(64, 1), "max_tokens": 2})
+		resp, err := http.Post(s.base+"/v1/completions", "application/json", bytes.NewReader(b))
+		if err != nil {
+			done <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	// The held request reached the handler: its connection is the
+	// server's; it must not be in the engine.
+	launch.WaitFor(t, func() string { return "the held request's connection at the simulator" }, func() bool {
+		return s.srv.heldCount() == 1
+	})
+	m := s.scrape(t)
+	if w, r := value(t, m, "vllm:num_requests_waiting"), value(t, m, "vllm:num_requests_running"); w != 0 || r != 0 {
+		t.Fatalf("held request in the engine: waiting %v running %v", w, r)
+	}
+	if r := s.post(t, "/debug/release", nil); r.StatusCode != http.StatusNoContent {
+		t.Fatalf("release: %s", r.Status)
+	}
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("released request answered %d, want 200", code)
+	}
+	if n := len(s.debug(t).Records); n != 1 {
+		t.Fatalf("%d finished records after release, want 1", n)
+	}
+}

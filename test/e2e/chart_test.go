@@ -29,6 +29,7 @@ import (
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
 	"github.com/laneway-dev/laneway/internal/metrics"
+	"github.com/laneway-dev/laneway/internal/status"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
@@ -640,12 +641,16 @@ func TestChartDashboard(t *testing.T) {
 	}
 }
 
-// registeredMetrics returns the metric names internal/metrics registers,
+// registeredMetrics returns the metric names internal/metrics and the status
+// window (internal/status) register,
 // read from the collectors' descriptions (no sample needs to exist).
 func registeredMetrics(t testing.TB) map[string]bool {
 	t.Helper()
 	r := &describeRegisterer{names: map[string]bool{}}
 	metrics.New(r, "model")
+	// The status window's gauges, which show a sample only once two
+	// tenants were backlogged.
+	_ = r.Register(status.Collector{T: status.NewTracker()})
 	if len(r.names) == 0 {
 		t.Fatal("internal/metrics registered nothing")
 	}
