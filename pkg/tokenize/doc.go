@@ -29,11 +29,21 @@
 // marker tokens around each message and its role, and a final assistant
 // marker, as a chat template does, so structure counts toward the length.
 //
+// Long prompts are the common case, so string contents are tokenized 64
+// bytes at a time wherever a piece starts with 64 plain bytes (no quote,
+// backslash or control character) ahead: the block is classified into
+// bitmasks a word at a time, every piece start in it follows from bit
+// operations, and the pieces are read off the start mask. The rest (short
+// strings, the bytes around escapes) goes a byte at a time. Both give the
+// ids Tokenize gives for the decoded text; the fuzz targets hold them to it.
+//
 // # Block hashes
 //
 // BlockHashes chains one hash per full block of blockSize tokens: hash i
 // covers hash i-1 and the tokens of block i, as vLLM's automatic prefix
 // caching does, so equal hashes at position i mean equal prefixes through
 // block i. A partial last block has no hash, because engines only cache full
-// blocks.
+// blocks. A block's content is hashed in four independent lanes and only
+// one mix per block is chained, so hashing runs at the multiplier's
+// throughput rather than its latency.
 package tokenize

@@ -292,6 +292,34 @@ func FuzzExtractPrompt(f *testing.F) {
 	})
 }
 
+// FuzzTokenizeString checks the string tokenizer's fast paths (a block of
+// 64 bytes, a piece at a time, a byte at a time around escapes) against
+// Tokenize on long strings, which random bodies seldom are: text repeated,
+// JSON-encoded with its escapes (encoding/json also escapes <, > and &).
+func FuzzTokenizeString(f *testing.F) {
+	f.Add("The quick brown fox jumps over the lazy dog. ", uint8(20))
+	f.Add("a  b   c    d     e      f\n", uint8(9))
+	f.Add("internationalization 12345678 ...,,,;;; <&> é日本😀\t", uint8(7))
+	f.Add("x\"y", uint8(70))
+	f.Fuzz(func(t *testing.T, text string, reps uint8) {
+		if !utf8.ValidString(text) {
+			return
+		}
+		long := strings.Repeat(text, 1+int(reps))
+		enc, err := json.Marshal(long)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ExtractPrompt(nil, []byte(`{"prompt":`+string(enc)+`}`))
+		if err != nil {
+			t.Fatalf("ExtractPrompt: %v", err)
+		}
+		if want := Tokenize(nil, long); !slices.Equal(got, want) {
+			t.Fatalf("%d tokens, Tokenize gives %d", len(got), len(want))
+		}
+	})
+}
+
 // FuzzTokenIDPrompt checks that token-id prompts count exactly.
 func FuzzTokenIDPrompt(f *testing.F) {
 	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8}, true)
@@ -382,5 +410,56 @@ func BenchmarkBlockHashes32k(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		dst = AppendBlockHashes(dst[:0], tokens, 16)
+	}
+}
+
+// TestTokStringBlockEdges drives the 64-byte block path across its edges:
+// runs longer than any piece, lone spaces and escapes at every offset of a
+// block, digits next to punctuation, and a block boundary inside each.
+func TestTokStringBlockEdges(t *testing.T) {
+	fills := []string{
+		"internationalization",
+		"a b  c   d    e     f      g",
+		"1234567890.,;:!?()[]{}<>=+-*/12.5e3",
+		"x\ny\tz\u00e9\U0001F600 q\"r\\s",
+		"     \n     ",
+	}
+	for _, fill := range fills {
+		for off := range 80 {
+			text := strings.Repeat("w", off) + " " + strings.Repeat(fill+" ", 12) + strings.Repeat("v", 80-off)
+			enc, _ := json.Marshal(text)
+			got, err := ExtractPrompt(nil, []byte(`{"prompt":`+string(enc)+`}`))
+			if err != nil {
+				t.Fatalf("fill %q offset %d: %v", fill, off, err)
+			}
+			if want := Tokenize(nil, text); !slices.Equal(got, want) {
+				t.Fatalf("fill %q offset %d: %d tokens, Tokenize gives %d", fill, off, len(got), len(want))
+			}
+		}
+	}
+	for off := range 80 {
+		body := `{"prompt":"` + strings.Repeat("word ", 30)[:off] + "\x01" + strings.Repeat("word ", 30) + `"}`
+		if _, err := ExtractPrompt(nil, []byte(body)); !errors.Is(err, ErrSyntax) {
+			t.Fatalf("control character at %d: err = %v, want ErrSyntax", off, err)
+		}
+	}
+}
+
+func TestPackHighs(t *testing.T) {
+	for _, lanes := range []uint8{0, 1, 0x80, 0xa5, 0xff, 0x3c} {
+		var w uint64
+		for j := range 8 {
+			if lanes>>j&1 != 0 {
+				w |= 0x80 << (8 * j)
+			}
+		}
+		if got := uint8(w * packHighs >> 56); got != lanes {
+			t.Errorf("packHighs of lanes %08b = %08b", lanes, got)
+		}
+	}
+	for n := range lenSeed {
+		if got, want := uint32(fmix64(0x1234_5678_9abc&lenMask[n]^lenSeed[n])), pieceID(0x1234_5678_9abc&lenMask[n], uint8(n)); got != want {
+			t.Errorf("lenSeed[%d]: id %#x, pieceID %#x", n, got, want)
+		}
 	}
 }
