@@ -261,8 +261,23 @@ func TestExtractPromptDepthLimit(t *testing.T) {
 	if _, err := ExtractPrompt(nil, []byte(ok)); err != nil {
 		t.Fatalf("depth %d: err = %v, want nil", maxDepth, err)
 	}
+	// Every container the chat and fields paths enter is left again: the
+	// limit is where it is after them.
+	chat := `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{}]},{},{"content":[]}],` +
+		`"nvext":{"agent_hints":{"priority":1},"x":{}},"a":`
+	var f Fields
+	if _, err := Extract(nil, []byte(chat+strings.Repeat("[", maxDepth-1)+strings.Repeat("]", maxDepth-1)+`}`), &f); err != nil {
+		t.Fatalf("depth %d after chat and fields: err = %v, want nil", maxDepth, err)
+	}
+	if _, err := Extract(nil, []byte(chat+strings.Repeat("[", maxDepth)+strings.Repeat("]", maxDepth)+`}`), &f); !errors.Is(err, ErrSyntax) {
+		t.Fatalf("depth %d after chat and fields: err = %v, want ErrSyntax", maxDepth+1, err)
+	}
 }
 
+// FuzzExtractPrompt checks Extract against the references: the tokens
+// against refExtract (encoding/json and the byte-at-a-time Tokenize), the
+// fields (model, agent hints, priority spans) against refFields
+// (encoding/json), and that it fails exactly when one of them does.
 func FuzzExtractPrompt(f *testing.F) {
 	for _, s := range []string{
 		`{"prompt":"Hello, world!"}`,
@@ -273,21 +288,30 @@ func FuzzExtractPrompt(f *testing.F) {
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"x\u00e9"}]}],"stream":true}`,
 		`{"prompt":"\ud83d\ude00\ud800","prompt":null,"messages":[]}`,
 		`{"a":[1,{"b":null}],"prompt":[4294967295]}`,
+		`{"model":"m","priority":1,"prompt":"x","nvext":{"agent_hints":{"priority":-3,"latency_sensitivity":2,"strict_priority":1,"osl":9,"speculative_prefill":true}},"priority":[2]}`,
+		`{"nvext":{"agent_hints":{"priority":1}},"nvext":{"agent_hints":null},"model":"a\"b","prompt":[1]}`,
+		`{"prompt":"` + strings.Repeat("The quick brown fox jumps over the lazy dog. ", 8) + `"}`,
+		`{"prompt":"` + strings.Repeat("internationalization   1234567 ...!?  \n\t\u00e9x ", 6) + `"}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		got, err := ExtractPrompt(nil, body)
+		var fields Fields
+		got, err := Extract(nil, body, &fields)
 		if !utf8.Valid(body) {
 			// encoding/json rewrites invalid UTF-8; only check for panics.
 			return
 		}
 		ref, refErr := refExtract(body)
-		if (err == nil) != (refErr == nil) {
-			t.Fatalf("ExtractPrompt err = %v, reference err = %v", err, refErr)
+		refF, refFErr := refFields(body)
+		if (err == nil) != (refErr == nil && refFErr == nil) {
+			t.Fatalf("Extract err = %v, reference errors %v, %v", err, refErr, refFErr)
 		}
 		if err == nil && !slices.Equal(got, ref) {
 			t.Fatalf("tokens differ from reference: got %d, want %d", len(got), len(ref))
+		}
+		if (err == nil || errors.Is(err, ErrNoPrompt)) && !sameFields(fields, refF) {
+			t.Fatalf("fields %+v, reference %+v (%v)", fields, refF, refFErr)
 		}
 	})
 }
