@@ -45,24 +45,35 @@ var lenSeed = func() (t [8]uint64) {
 // the last piece that can start in it.
 const blockSpan = 64 + 8
 
-// blockPieces tokenizes the string content b[i:stop] 64 bytes at a time,
-// while a whole block lies before stop (the next quote or backslash) and
-// out has room for a block's pieces; i must be a piece start with no
-// pending piece. It returns the next piece start, the ids written, and
-// false when a block holds a control character (the caller's slower paths
-// report it).
+// minBlock is the shortest stretch of plain bytes worth a block: below it,
+// classifying 64 bytes costs more than the few pieces it yields.
+const minBlock = 16
+
+// blockPieces tokenizes the string content b[i:stop] (stop is the next
+// quote or backslash) up to 64 bytes at a time while at least minBlock
+// bytes of it are left and out has room for a block's pieces; i must be a
+// piece start with no pending piece. It returns the next piece start, the
+// ids written, and false when the stretch holds a control character (the
+// caller's byte loop reports it).
 //
 // A block is classified into bitmasks (bit p is byte i+p) a word at a
 // time, every piece start in it is computed with bit operations, and the
-// pieces are read off the start mask. Only pieces whose end lies in the
-// block are emitted; the last one starts the next block. That is exact
-// without carrying state between blocks: a piece start forgets everything
-// before it (tokState.feed replaces its whole state there), so a block may
-// treat its first byte as the start of a run.
+// pieces are read off the start mask. Only pieces whose end is known are
+// emitted: the last one in a block starts the next block, and the last
+// one before stop is left to the caller (an escape may continue it). That
+// is exact without carrying state between blocks: a piece start forgets
+// everything before it (tokState.feed replaces its whole state there), so
+// a block may treat its first byte as the start of a run, and a piece
+// start depends only on the bytes up to it, so the bytes at and past stop
+// (masked off) cannot move an earlier one.
 func blockPieces(b []byte, i, stop int, out []uint32) (int, int, bool) {
 	j := 0
-	for i+64 <= stop && i+blockSpan <= len(b) && j+64 <= len(out) {
+	for i+minBlock <= stop && i+blockSpan <= len(b) && j+64 <= len(out) {
 		blk := (*[blockSpan]byte)(b[i : i+blockSpan])
+		valid := ^uint64(0)
+		if stop-i < 64 {
+			valid = 1<<(stop-i) - 1
+		}
 		l0, s0, c0 := classWord(binary.LittleEndian.Uint64(blk[0:]))
 		l1, s1, c1 := classWord(binary.LittleEndian.Uint64(blk[8:]))
 		l2, s2, c2 := classWord(binary.LittleEndian.Uint64(blk[16:]))
@@ -71,20 +82,21 @@ func blockPieces(b []byte, i, stop int, out []uint32) (int, int, bool) {
 		l5, s5, c5 := classWord(binary.LittleEndian.Uint64(blk[40:]))
 		l6, s6, c6 := classWord(binary.LittleEndian.Uint64(blk[48:]))
 		l7, s7, c7 := classWord(binary.LittleEndian.Uint64(blk[56:]))
-		if c0&c1&c2&c3&c4&c5&c6&c7&highs != highs {
+		if c0&c1&c2&c3&c4&c5&c6&c7&highs != highs && controls(blk)&valid != 0 {
 			return i, j, false
 		}
-		lm := l0 | l1<<8 | l2<<16 | l3<<24 | l4<<32 | l5<<40 | l6<<48 | l7<<56
-		sm := s0 | s1<<8 | s2<<16 | s3<<24 | s4<<32 | s5<<40 | s6<<48 | s7<<56
+		lm := (l0 | l1<<8 | l2<<16 | l3<<24 | l4<<32 | l5<<40 | l6<<48 | l7<<56) & valid
+		sm := (s0 | s1<<8 | s2<<16 | s3<<24 | s4<<32 | s5<<40 | s6<<48 | s7<<56) & valid
 		// Digits and punctuation are told apart only where two of them
 		// touch: a lone one is a piece of its own either way.
-		o := ^(lm | sm)
+		o := ^(lm | sm) & valid
 		var dm uint64
 		if o&(o<<1) != 0 {
 			for k := 0; k < 64; k += 8 {
 				w := binary.LittleEndian.Uint64(blk[k:])
 				dm |= (inRange(w&lows, '0', '9') &^ w) * packHighs >> 56 << k
 			}
+			dm &= valid
 		}
 		pm := o &^ dm
 		// Runs start at bit 0 and wherever the class changes; a run
@@ -94,6 +106,10 @@ func blockPieces(b []byte, i, stop int, out []uint32) (int, int, bool) {
 		// A lone space (a space piece the next byte does not continue)
 		// joins the piece after it: that piece's start goes.
 		ps &^= (ps & sm &^ (sm >> 1)) << 1
+		// The next block starts at the last piece start; taking it from
+		// the mask before the walk lets the next block's loads start
+		// while this one's ids are hashed.
+		next := i + 63 - bits.LeadingZeros64(ps)
 		a := 0
 		for ps &= ps - 1; ps != 0; ps &= ps - 1 {
 			e := bits.TrailingZeros64(ps) & 63
@@ -102,9 +118,23 @@ func blockPieces(b []byte, i, stop int, out []uint32) (int, int, bool) {
 			j++
 			a = e
 		}
-		i += a
+		i = next
+		if valid != ^uint64(0) {
+			break // the stretch ends in this block
+		}
 	}
 	return i, j, true
+}
+
+// controls returns the bitmask of a block's control characters (the rare
+// path: classWord found one somewhere in the 64 bytes, maybe past stop).
+func controls(blk *[blockSpan]byte) uint64 {
+	var m uint64
+	for k := 0; k < 64; k += 8 {
+		w := binary.LittleEndian.Uint64(blk[k:])
+		m |= (^(w&lows + 0x60*ones | w) & highs) * packHighs >> 56 << k
+	}
+	return m
 }
 
 // classWord classifies the 8 bytes of w: the bits of l and s (in lane

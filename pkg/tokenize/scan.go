@@ -22,9 +22,9 @@ var strClass = func() (t [256]uint8) {
 // bytes (TestExtractPrompt and the fuzz targets compare the two through
 // Tokenize). This is the hot loop of a long prompt. It goes a byte at a
 // time with the piece being built in registers, and wherever a piece starts
-// with at least a block of plain string bytes (no quote, backslash or
-// control character) ahead, it hands whole 64-byte blocks to blockPieces,
-// which reads several times faster. The next quote and backslash are
+// with a stretch of plain string bytes (no quote, backslash or control
+// character) ahead, it hands the stretch to blockPieces, which reads it 64
+// bytes at a time, several times faster. The next quote and backslash are
 // found with bytes.IndexByte (vectorised) once per stretch between
 // escapes, so a string costs O(len) however many escapes it has.
 func (e *extractor) tokString() error {
@@ -56,20 +56,21 @@ func (e *extractor) tokString() error {
 			if cls != clsNone {
 				dst = append(dst, pieceID(acc, n))
 			}
-			if i+64 <= stop && i+blockSpan <= len(b) {
-				// A piece starts at i with a block of plain bytes ahead.
+			if i+minBlock <= stop && i+blockSpan <= len(b) {
+				// A piece starts at i with a stretch of plain bytes ahead.
 				if cap(dst)-len(dst) < 128 {
 					dst = slices.Grow(dst, min(len(b)-i, 4096))
 				}
-				var m int
-				var ok bool
-				i, m, ok = blockPieces(b, i, stop, dst[len(dst):cap(dst)])
+				next, m, ok := blockPieces(b, i, stop, dst[len(dst):cap(dst)])
 				dst = dst[:len(dst)+m]
 				if !ok {
-					stop = i // a control character: the byte path reports it
+					stop = next // a control character: this loop reports it
 				}
-				acc, n, run, cls = 0, 0, 0, clsNone
-				continue
+				if next > i {
+					i = next
+					acc, n, run, cls = 0, 0, 0, clsNone
+					continue
+				}
 			}
 			acc, n, run, cls = uint64(c), 1, 1, k
 			i++
