@@ -29,14 +29,13 @@ func inRange(v uint64, lo, hi byte) uint64 {
 // a distinct position outside the top byte, so nothing carries into it.
 const packHighs = 0x0002040810204081
 
-// lenMask[n] keeps the first n bytes of a little-endian word.
-var lenMask = [8]uint64{0, 0xff, 0xffff, 0xffffff, 0xffffffff, 0xffffffffff, 0xffffffffffff, 0xffffffffffffff}
-
-// lenSeed[n] is what pieceID mixes into a piece of n bytes besides its
-// bytes, so that fmix64(acc ^ lenSeed[n]) is pieceID(acc, n).
-var lenSeed = func() (t [8]uint64) {
+// pieceMix[n] turns the word that starts with a piece of n bytes into the
+// input of its id: mask keeps the piece's bytes, and seed is what pieceID
+// mixes in besides them, so fmix64(w&mask ^ seed) is pieceID(w&mask, n).
+var pieceMix = func() (t [8]struct{ mask, seed uint64 }) {
 	for n := range t {
-		t[n] = uint64(n)<<56 ^ pieceSeed
+		t[n].mask = 1<<(8*n) - 1
+		t[n].seed = uint64(n)<<56 ^ pieceSeed
 	}
 	return t
 }()
@@ -102,7 +101,10 @@ func blockPieces(b []byte, i, stop int, out []uint32) (int, int, bool) {
 		// Runs start at bit 0 and wherever the class changes; a run
 		// longer than its class's maxRun is cut every maxRun bytes.
 		rs := lm&^(lm<<1) | sm&^(sm<<1) | dm&^(dm<<1) | pm&^(pm<<1)
-		ps := rs | cuts5(lm, rs) | cuts4(sm, rs) | cuts3(dm, rs) | cuts4(pm, rs)
+		ps := rs | cuts5(lm, rs) | cuts4(sm, pm, rs)
+		if dm != 0 {
+			ps |= cuts3(dm, rs)
+		}
 		// A lone space (a space piece the next byte does not continue)
 		// joins the piece after it: that piece's start goes.
 		ps &^= (ps & sm &^ (sm >> 1)) << 1
@@ -110,20 +112,47 @@ func blockPieces(b []byte, i, stop int, out []uint32) (int, int, bool) {
 		// the mask before the walk lets the next block's loads start
 		// while this one's ids are hashed.
 		next := i + 63 - bits.LeadingZeros64(ps)
-		a := 0
-		for ps &= ps - 1; ps != 0; ps &= ps - 1 {
-			e := bits.TrailingZeros64(ps) & 63
-			n := (e - a) & 7
-			out[j] = uint32(fmix64(binary.LittleEndian.Uint64(blk[a&63:])&lenMask[n] ^ lenSeed[n]))
-			j++
-			a = e
-		}
+		j += emit(blk, ps, out[j:])
 		i = next
 		if valid != ^uint64(0) {
 			break // the stretch ends in this block
 		}
 	}
 	return i, j, true
+}
+
+// emit writes the ids of the pieces that start at the set bits of ps (bit
+// 0 among them) and end at the next one; the piece at the highest bit has
+// no known end and is left. It returns the ids written. A function of its
+// own so that its loop has the registers to itself.
+//
+//go:noinline
+func emit(blk *[blockSpan]byte, ps uint64, out []uint32) int {
+	_ = blk[0] // one nil check, not one per piece
+	j := 0
+	a := 0
+	ps &= ps - 1
+	for ps&(ps-1) != 0 {
+		// Two pieces a turn: [a, e) and [e, f).
+		e := bits.TrailingZeros64(ps) & 63
+		ps &= ps - 1
+		f := bits.TrailingZeros64(ps) & 63
+		ps &= ps - 1
+		m, p := &pieceMix[(e-a)&7], &pieceMix[(f-e)&7]
+		x := binary.LittleEndian.Uint64(blk[a&63:])&m.mask ^ m.seed
+		y := binary.LittleEndian.Uint64(blk[e:])&p.mask ^ p.seed
+		o := out[j : j+2 : j+2]
+		o[0], o[1] = uint32(fmix64(x)), uint32(fmix64(y))
+		j += 2
+		a = f
+	}
+	if ps != 0 {
+		e := bits.TrailingZeros64(ps) & 63
+		m := &pieceMix[(e-a)&7]
+		out[j] = uint32(fmix64(binary.LittleEndian.Uint64(blk[a&63:])&m.mask ^ m.seed))
+		j++
+	}
+	return j
 }
 
 // controls returns the bitmask of a block's control characters (the rare
@@ -139,11 +168,15 @@ func controls(blk *[blockSpan]byte) uint64 {
 
 // classWord classifies the 8 bytes of w: the bits of l and s (in lane
 // order) mark the letters and the spaces; c has a lane's high bit clear
-// where the byte is a control character.
+// where the byte is a control character. With f the lane or 0x20, a = f +
+// 0x1f is >= 0x80 exactly for f >= 'a', and below 0x40 exactly for f ==
+// 0x20: a space, or NUL, which c rejects.
 func classWord(w uint64) (l, s, c uint64) {
 	v := w & lows
-	l = ((v|0x20*ones)+(0x80-'a')*ones)&^((v|0x20*ones)+(0x7f-'z')*ones) | w
-	s = ^((v ^ ' '*ones) + lows | w)
+	f := v | 0x20*ones
+	a := f + (0x80-'a')*ones
+	l = a&^(f+(0x7f-'z')*ones) | w
+	s = ^(a | a<<1 | w)
 	return (l & highs) * packHighs >> 56, (s & highs) * packHighs >> 56, v + 0x60*ones | w
 }
 
@@ -156,9 +189,12 @@ func cuts5(x, rs uint64) uint64 {
 	return cutsFrom(rs&x, x2&(x2<<2)&(x2<<4), 5)
 }
 
-func cuts4(x, rs uint64) uint64 {
-	x2 := x & (x << 1)
-	return cutsFrom(rs&x, x2&(x2<<2)&(x<<4), 4)
+// cuts4 does two classes of maxRun 4 at once: their runs never touch, so
+// a start 4 bytes before a position deep into a run of one of them is a
+// start of that run.
+func cuts4(x, y, rs uint64) uint64 {
+	x2, y2 := x&(x<<1), y&(y<<1)
+	return cutsFrom(rs&(x|y), x2&(x2<<2)&(x<<4)|y2&(y2<<2)&(y<<4), 4)
 }
 
 func cuts3(x, rs uint64) uint64 {

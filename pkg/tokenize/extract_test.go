@@ -481,9 +481,10 @@ func TestPackHighs(t *testing.T) {
 			t.Errorf("packHighs of lanes %08b = %08b", lanes, got)
 		}
 	}
-	for n := range lenSeed {
-		if got, want := uint32(fmix64(0x1234_5678_9abc&lenMask[n]^lenSeed[n])), pieceID(0x1234_5678_9abc&lenMask[n], uint8(n)); got != want {
-			t.Errorf("lenSeed[%d]: id %#x, pieceID %#x", n, got, want)
+	const w = 0x1122_3344_5566_7788
+	for n, m := range pieceMix {
+		if got, want := uint32(fmix64(w&m.mask^m.seed)), pieceID(w&(1<<(8*n)-1), uint8(n)); got != want {
+			t.Errorf("pieceMix[%d]: id %#x, pieceID %#x", n, got, want)
 		}
 	}
 }
