@@ -29,15 +29,15 @@ func inRange(v uint64, lo, hi byte) uint64 {
 // a distinct position outside the top byte, so nothing carries into it.
 const packHighs = 0x0002040810204081
 
-// pieceMix[n] turns the word that starts with a piece of n bytes into the
-// input of its id: mask keeps the piece's bytes, and seed is what pieceID
-// mixes in besides them, so fmix64(w&mask ^ seed) is pieceID(w&mask, n).
-var pieceMix = func() (t [8]struct{ mask, seed uint64 }) {
-	for n := range t {
-		t[n].mask = 1<<(8*n) - 1
-		t[n].seed = uint64(n)<<56 ^ pieceSeed
+// lenMask[n] keeps the first n bytes of a little-endian word, and
+// lenSeed[n] is what pieceID mixes into a piece of n bytes besides its
+// bytes: fmix64(w&lenMask[n] ^ lenSeed[n]) is pieceID(w&lenMask[n], n).
+var lenMask, lenSeed = func() (m, s [8]uint64) {
+	for n := range m {
+		m[n] = 1<<(8*n) - 1
+		s[n] = uint64(n)<<56 ^ pieceSeed
 	}
-	return t
+	return m, s
 }()
 
 // blockSpan is the bytes a block reads: 64 it classifies, and a word past
@@ -129,6 +129,7 @@ func blockPieces(b []byte, i, stop int, out []uint32) (int, int, bool) {
 //go:noinline
 func emit(blk *[blockSpan]byte, ps uint64, out []uint32) int {
 	_ = blk[0] // one nil check, not one per piece
+	masks, seeds := &lenMask, &lenSeed
 	j := 0
 	a := 0
 	ps &= ps - 1
@@ -138,18 +139,18 @@ func emit(blk *[blockSpan]byte, ps uint64, out []uint32) int {
 		ps &= ps - 1
 		f := bits.TrailingZeros64(ps) & 63
 		ps &= ps - 1
-		m, p := &pieceMix[(e-a)&7], &pieceMix[(f-e)&7]
-		x := binary.LittleEndian.Uint64(blk[a&63:])&m.mask ^ m.seed
-		y := binary.LittleEndian.Uint64(blk[e:])&p.mask ^ p.seed
-		o := out[j : j+2 : j+2]
-		o[0], o[1] = uint32(fmix64(x)), uint32(fmix64(y))
+		n, m := (e-a)&7, (f-e)&7
+		x := binary.LittleEndian.Uint64(blk[a&63:])&masks[n] ^ seeds[n]
+		y := binary.LittleEndian.Uint64(blk[e:])&masks[m] ^ seeds[m]
+		_ = out[j+1]
+		out[j], out[j+1] = uint32(fmix64(x)), uint32(fmix64(y))
 		j += 2
 		a = f
 	}
 	if ps != 0 {
 		e := bits.TrailingZeros64(ps) & 63
-		m := &pieceMix[(e-a)&7]
-		out[j] = uint32(fmix64(binary.LittleEndian.Uint64(blk[a&63:])&m.mask ^ m.seed))
+		n := (e - a) & 7
+		out[j] = uint32(fmix64(binary.LittleEndian.Uint64(blk[a&63:])&masks[n] ^ seeds[n]))
 		j++
 	}
 	return j

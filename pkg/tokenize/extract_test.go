@@ -482,9 +482,9 @@ func TestPackHighs(t *testing.T) {
 		}
 	}
 	const w = 0x1122_3344_5566_7788
-	for n, m := range pieceMix {
-		if got, want := uint32(fmix64(w&m.mask^m.seed)), pieceID(w&(1<<(8*n)-1), uint8(n)); got != want {
-			t.Errorf("pieceMix[%d]: id %#x, pieceID %#x", n, got, want)
+	for n := range lenMask {
+		if got, want := uint32(fmix64(w&lenMask[n]^lenSeed[n])), pieceID(w&(1<<(8*n)-1), uint8(n)); got != want {
+			t.Errorf("lenSeed[%d]: id %#x, pieceID %#x", n, got, want)
 		}
 	}
 }
