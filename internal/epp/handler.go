@@ -60,9 +60,9 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 		}
 	}
 	t := tickets.Get().(*dispatcher.Ticket)
-	blocks, err := h.parse(req, t)
+	ps, err := h.parse(req, t)
 	if err != nil {
-		recycleBlocks(blocks, t)
+		recycleParsed(ps, t)
 		putTicket(t)
 		return extproc.Decision{}, &extproc.Reply{Status: http.StatusBadRequest, Reason: "malformed_body", Message: err.Error()}
 	}
@@ -80,7 +80,7 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 		// After the caller's own cancellation the loop may still read the
 		// ticket; it and its buffer are left to the collector then.
 		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-			recycleBlocks(blocks, t)
+			recycleParsed(ps, t)
 			putTicket(t)
 		}
 		return extproc.Decision{}, h.replyFor(err)
@@ -95,8 +95,8 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 		}
 	}()
 	fault("after_grant", req.Headers)
-	body := h.routed(req, t, g)
-	recycleBlocks(blocks, t)
+	body := h.routed(req, t, g, ps)
+	recycleParsed(ps, t)
 	putTicket(t)
 	handed = true
 	return extproc.Decision{Endpoints: g.Endpoints, Body: body, Lifecycle: g}, nil

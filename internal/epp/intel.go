@@ -18,6 +18,7 @@ import (
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
 	"github.com/laneway-dev/laneway/pkg/policy"
 	"github.com/laneway-dev/laneway/pkg/sched"
+	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
 // Picker names of --picker.
@@ -249,9 +250,11 @@ type RequestHooks interface {
 	// BlockSize is the prefix hashing block size for the next request; 0
 	// computes no hashes.
 	BlockSize() int
-	// Routed sees every request that got an endpoint; a non-nil result
-	// replaces the body sent upstream.
-	Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant) []byte
+	// Routed sees every request that got an endpoint, with where its
+	// body's priority members are (from the parser's pass; nil when the
+	// parser is no BlockParser); a non-nil result replaces the body sent
+	// upstream.
+	Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant, at *tokenize.PrioritySpans) []byte
 }
 
 // BlockSize implements RequestHooks.
@@ -260,7 +263,7 @@ func (in *intel) BlockSize() int { return in.disp.BlockSize() }
 // Routed implements RequestHooks: count the cost snapshot per endpoint,
 // log it at debug level (numbers only, never prompt text) and forward the
 // priority.
-func (in *intel) Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant) []byte {
+func (in *intel) Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant, at *tokenize.PrioritySpans) []byte {
 	ep := g.Endpoints[0]
 	if live := in.live.Load(); live == nil || has(*live, ep) {
 		c := in.routedTo.Get(ep)
@@ -271,18 +274,18 @@ func (in *intel) Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatche
 		log.Info("routed", "endpoint", ep, "rawISL", t.RawISL, "cachedTokens", t.Cached, "class", t.Class,
 			"priority", t.Priority, "hasPriority", t.HasPriority)
 	}
-	if !in.opts.ForwardPriority || !t.HasPriority {
+	if !in.opts.ForwardPriority || !t.HasPriority || at == nil {
 		return nil
 	}
 	v, ok := policy.ForwardPriority(g.Engine, t.EffectivePriority()) // as its tenant may have it
 	if !ok {
 		return nil
 	}
-	body, err := setTopLevelInt(req.Body, "priority", v)
-	if err != nil {
-		// The parser accepted the body, so this cannot happen; the request
-		// goes unchanged rather than failing.
-		in.log.V(4).Info("priority not forwarded", "error", err.Error())
+	body, ok := splicePriority(req.Body, at, v)
+	if !ok {
+		// The spans come from the parse of this very body, so this cannot
+		// happen; the request goes unchanged rather than failing.
+		in.log.V(4).Info("priority not forwarded: the parser's spans do not fit the body")
 		return nil
 	}
 	return body
@@ -291,9 +294,16 @@ func (in *intel) Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatche
 // has reports whether k is in the set m.
 func has(m map[string]struct{}, k string) bool { _, ok := m[k]; return ok }
 
-// blockBufs recycles Ticket.Blocks buffers: 2,048 hashes for a 32k-token
-// prompt would otherwise be a 16 kB allocation per request.
-var blockBufs = sync.Pool{New: func() any { s := make([]uint64, 0, 512); return &s }}
+// parsed is what a request's parse leaves for after the grant: the buffer
+// Ticket.Blocks points into and the body's fields (where its priority is
+// spliced). They are recycled: 2,048 hashes for a 32k-token prompt would
+// otherwise be a 16 kB allocation per request.
+type parsed struct {
+	blocks []uint64
+	fields tokenize.Fields
+}
+
+var parsedPool = sync.Pool{New: func() any { return &parsed{blocks: make([]uint64, 0, 512)} }}
 
 // intelCollector exposes the dispatcher's per-endpoint intelligence.
 type intelCollector intel
@@ -324,43 +334,51 @@ func (c *intelCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// maxKeptBlocks bounds the buffers blockBufs keeps (a 16 MiB body could
-// make one of several MiB).
-const maxKeptBlocks = 1 << 16
+// maxKeptBlocks and maxKeptSpans bound the buffers parsedPool keeps (a
+// 16 MiB body could make one of several MiB).
+const (
+	maxKeptBlocks = 1 << 16
+	maxKeptSpans  = 64
+)
 
-// parse runs the parser, hashing the prompt's prefix-cache blocks when the
-// hooks ask for them; the buffer it returns goes back with recycleBlocks.
-func (h *Handler) parse(req *extproc.Request, t *dispatcher.Ticket) (*[]uint64, error) {
+// parse runs the parser: through BlockParser when there are hooks, so the
+// prompt's block hashes (when the hooks ask for them) and the body's
+// priority spans come from its one pass. The state it returns goes back
+// with recycleParsed.
+func (h *Handler) parse(req *extproc.Request, t *dispatcher.Ticket) (*parsed, error) {
 	if h.Hooks != nil {
 		if bp, ok := h.Parser.(BlockParser); ok {
-			if bs := h.Hooks.BlockSize(); bs > 0 {
-				buf := blockBufs.Get().(*[]uint64)
-				return buf, bp.ParseBlocks(req, t, bs, (*buf)[:0])
-			}
+			ps := parsedPool.Get().(*parsed)
+			return ps, bp.ParseBlocks(req, t, h.Hooks.BlockSize(), ps.blocks[:0], &ps.fields)
 		}
 	}
 	return nil, h.Parser.Parse(req, t)
 }
 
-// recycleBlocks returns a ticket's hash buffer to the pool; call it only
+// recycleParsed returns a request's parse state to the pool; call it only
 // once the dispatcher is done with the ticket.
-func recycleBlocks(buf *[]uint64, t *dispatcher.Ticket) {
-	if buf == nil {
+func recycleParsed(ps *parsed, t *dispatcher.Ticket) {
+	if ps == nil {
 		return
 	}
 	if t.Blocks != nil {
-		*buf = t.Blocks[:0]
+		ps.blocks = t.Blocks[:0]
 		t.Blocks = nil
 	}
-	if cap(*buf) <= maxKeptBlocks {
-		blockBufs.Put(buf)
+	ps.fields.Model = ""
+	if cap(ps.blocks) <= maxKeptBlocks && cap(ps.fields.Priority.Values) <= maxKeptSpans {
+		parsedPool.Put(ps)
 	}
 }
 
 // routed applies the hooks to a granted request.
-func (h *Handler) routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant) []byte {
+func (h *Handler) routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant, ps *parsed) []byte {
 	if h.Hooks == nil {
 		return nil
 	}
-	return h.Hooks.Routed(req, t, g)
+	var at *tokenize.PrioritySpans
+	if ps != nil {
+		at = &ps.fields.Priority
+	}
+	return h.Hooks.Routed(req, t, g, at)
 }

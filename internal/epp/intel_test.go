@@ -2,9 +2,7 @@ package epp
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -20,45 +18,6 @@ import (
 	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
-func TestSetTopLevelInt(t *testing.T) {
-	cases := []struct {
-		name, in, want string
-		v              int64
-		err            bool
-	}{
-		{"insert into object", `{"model":"m","prompt":"hi"}`, `{"priority":-5,"model":"m","prompt":"hi"}`, -5, false},
-		{"insert into empty object", ` { } `, ` {"priority":3 } `, 3, false},
-		{"replace keeps the rest byte for byte", `{"a": 1.50e0, "priority" : 7 ,"z":[1, {"priority":9}]}`, `{"a": 1.50e0, "priority" : 12 ,"z":[1, {"priority":9}]}`, 12, false},
-		{"nested members are not touched", `{"nvext":{"priority":1},"x":"priority"}`, `{"priority":-2147483648,"nvext":{"priority":1},"x":"priority"}`, -2147483648, false},
-		{"replace every duplicate", `{"priority":1,"b":{},"priority":"x"}`, `{"priority":4,"b":{},"priority":4}`, 4, false},
-		{"escaped key", `{"priorit\u0079":null}`, `{"priorit\u0079":0}`, 0, false},
-		{"strings with braces and escapes", `{"s":"}\"{[","priority":[1,2]}`, `{"s":"}\"{[","priority":5}`, 5, false},
-		{"not an object", `[1,2]`, ``, 1, true},
-		{"empty", ``, ``, 1, true},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := setTopLevelInt([]byte(tc.in), "priority", tc.v)
-			if (err != nil) != tc.err {
-				t.Fatalf("err = %v, want error %v", err, tc.err)
-			}
-			if tc.err {
-				return
-			}
-			if string(got) != tc.want {
-				t.Fatalf("got  %s\nwant %s", got, tc.want)
-			}
-			var m map[string]any
-			if err := json.Unmarshal(got, &m); err != nil {
-				t.Fatalf("result is not JSON: %v", err)
-			}
-			if p, ok := m["priority"].(float64); !ok || int64(p) != tc.v {
-				t.Errorf("decoded priority %v, want %d", m["priority"], tc.v)
-			}
-		})
-	}
-}
-
 func TestParseBlocksHashesLikeTheSimulator(t *testing.T) {
 	body := []byte(`{"model":"m","prompt":"` + strings.Repeat("the quick brown fox jumps over the lazy dog ", 40) + `","nvext":{"agent_hints":{"priority":3}}}`)
 	toks, err := tokenize.ExtractPrompt(nil, body)
@@ -66,7 +25,7 @@ func TestParseBlocksHashesLikeTheSimulator(t *testing.T) {
 		t.Fatal(err)
 	}
 	var tk dispatcher.Ticket
-	if err := (BodyParser{}).ParseBlocks(&extproc.Request{Body: body}, &tk, 16, make([]uint64, 0, 4)); err != nil {
+	if err := (BodyParser{}).ParseBlocks(&extproc.Request{Body: body}, &tk, 16, make([]uint64, 0, 4), &tokenize.Fields{}); err != nil {
 		t.Fatal(err)
 	}
 	want := tokenize.BlockHashes(toks, 16)
@@ -87,83 +46,10 @@ func TestParseBlocksHashesLikeTheSimulator(t *testing.T) {
 	}
 }
 
-func TestReadBodyFields(t *testing.T) {
-	cases := []struct {
-		name, body string
-		model      string
-		priority   int32
-		wantErr    string
-	}{
-		{"plain", `{"model":"m","prompt":"x","nvext":{"agent_hints":{"priority":4}}}`, "m", 4, ""},
-		{"keys fold like encoding/json, last wins", `{"Model":"a","MODEL":"b","NVEXT":{"agent_hints":{"priority":2}}}`, "b", 2, ""},
-		{"escaped key", `{"mod\u0065l":"e"}`, "e", 0, ""},
-		{"null nvext", `{"model":"m","nvext":null}`, "m", 0, ""},
-		{"model not a string", `{"model":7}`, "", 0, "field model: number does not fit string"},
-		{"priority out of range", `{"nvext":{"agent_hints":{"priority":3000000000}}}`, "", 0, "field nvext.agent_hints.priority: number 3000000000 does not fit int32"},
-		{"not an object", `[1]`, "", 0, "not a JSON object"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			f, err := readBodyFields([]byte(tc.body))
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			var p int32
-			if f.NVExt != nil && f.NVExt.AgentHints != nil && f.NVExt.AgentHints.Priority != nil {
-				p = *f.NVExt.AgentHints.Priority
-			}
-			if f.Model != tc.model || p != tc.priority {
-				t.Fatalf("model %q priority %d, want %q %d", f.Model, p, tc.model, tc.priority)
-			}
-		})
-	}
-}
-
-// TestReadBodyFieldsAgreesWithEncodingJSON: the scanner and its plain
-// string shortcut decode model and nvext exactly as encoding/json decodes
-// the whole body.
-func TestReadBodyFieldsAgreesWithEncodingJSON(t *testing.T) {
-	bodies := []struct{ name, body string }{
-		{"plain model", `{"model":"llama-3.1-8b","prompt":[1,2,3]}`},
-		{"empty model", `{"model":""}`},
-		{"unicode model", `{"model":"modèle-日本"}`},
-		{"escaped model", `{"model":"a\"b\u00e9\n"}`},
-		{"invalid UTF-8 in model", "{\"model\":\"a\xffb\"}"},
-		{"null after a value keeps the value", `{"model":"first","model":null}`},
-		{"null model", `{"model":null}`},
-		{"case-folded keys, last wins", `{"MODEL":"a","Model":"b","mOdEl":"c"}`},
-		{"Kelvin sign folds to k", "{\"model\":\"m\",\"nve\u212At\":{\"agent_hints\":{\"priority\":3}}}"},
-		{"escaped keys", `{"mod\u0065l":"e","nv\u0065xt":{"agent_hints":{"priority":-1}}}`},
-		{"nvext merged across duplicates", `{"nvext":{"agent_hints":{"priority":1}},"nvext":{"agent_hints":{}}}`},
-		{"whitespace everywhere", " { \"model\" : \"m\" , \"nvext\" : { } } "},
-	}
-	for _, tc := range bodies {
-		t.Run(tc.name, func(t *testing.T) {
-			var want bodyFields
-			if err := json.Unmarshal([]byte(tc.body), &want); err != nil {
-				t.Fatalf("the oracle rejects the body: %v", err)
-			}
-			got, err := readBodyFields([]byte(tc.body))
-			if err != nil {
-				t.Fatalf("readBodyFields: %v", err)
-			}
-			if got.Model != want.Model || !reflect.DeepEqual(got.NVExt, want.NVExt) {
-				t.Errorf("got model %q nvext %+v, encoding/json decodes model %q nvext %+v", got.Model, got.NVExt, want.Model, want.NVExt)
-			}
-		})
-	}
-}
-
 // countingTokenizer checks that the parser uses the configured Tokenizer.
 type countingTokenizer struct{ n int }
 
-func (c *countingTokenizer) AppendPromptTokens(dst []uint32, _ []byte) ([]uint32, error) {
+func (c *countingTokenizer) Extract(dst []uint32, _ []byte, _ *tokenize.Fields) ([]uint32, error) {
 	for i := range c.n {
 		dst = append(dst, uint32(i))
 	}
@@ -173,7 +59,7 @@ func (c *countingTokenizer) AppendPromptTokens(dst []uint32, _ []byte) ([]uint32
 func TestBodyParserUsesItsTokenizer(t *testing.T) {
 	var tk dispatcher.Ticket
 	p := BodyParser{Tokenizer: &countingTokenizer{n: 40}}
-	if err := p.ParseBlocks(&extproc.Request{Body: []byte(`{"model":"m","prompt":"x"}`)}, &tk, 16, nil); err != nil {
+	if err := p.ParseBlocks(&extproc.Request{Body: []byte(`{"model":"m","prompt":"x"}`)}, &tk, 16, nil, &tokenize.Fields{}); err != nil {
 		t.Fatal(err)
 	}
 	if tk.RawISL != 40 || len(tk.Blocks) != 2 {
@@ -370,14 +256,14 @@ func BenchmarkParseBlocks32k(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				var tk dispatcher.Ticket
-				buf := blockBufs.Get().(*[]uint64)
-				if err := (BodyParser{}).ParseBlocks(req, &tk, 16, (*buf)[:0]); err != nil {
+				ps := parsedPool.Get().(*parsed)
+				if err := (BodyParser{}).ParseBlocks(req, &tk, 16, ps.blocks[:0], &ps.fields); err != nil {
 					b.Fatal(err)
 				}
 				if len(tk.Blocks) < 2000 {
 					b.Fatalf("%d blocks", len(tk.Blocks))
 				}
-				recycleBlocks(buf, &tk)
+				recycleParsed(ps, &tk)
 			}
 		})
 	}
@@ -427,30 +313,17 @@ func BenchmarkDecide32k100Endpoints(b *testing.B) {
 	}
 }
 
-// BenchmarkReadBodyFields: the scan for model and nvext over a body the
-// tokenizer has already read, for the load test's 256-token id prompt and
-// a 32k-token text prompt.
-func BenchmarkReadBodyFields(b *testing.B) {
-	ids := make([]int, 256)
-	for i := range ids {
-		ids[i] = 1 + (i*7919)%50000
+// TestParseKeysAreCaseSensitive: the picker reads model and nvext with the
+// rule the prompt has always had, and the OpenAI API and vLLM have: JSON
+// keys are case-sensitive. "Model" and "NVEXT" are fields the engine
+// ignores, so the picker must ignore them too.
+func TestParseKeysAreCaseSensitive(t *testing.T) {
+	body := []byte(`{"model":"a","Model":"b","prompt":"x","NVEXT":{"agent_hints":{"priority":9}},"nvext":{"Agent_Hints":{"priority":8}}}`)
+	var tk dispatcher.Ticket
+	if err := (BodyParser{}).Parse(&extproc.Request{Body: body}, &tk); err != nil {
+		t.Fatal(err)
 	}
-	body256, err := json.Marshal(map[string]any{"model": "loadgen", "prompt": ids, "max_tokens": 1, "stream": true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, bc := range []struct {
-		name string
-		body []byte
-	}{{"ids256", body256}, {"text32k", bench32k(false)}, {"ids32k", bench32k(true)}} {
-		b.Run(bc.name, func(b *testing.B) {
-			b.SetBytes(int64(len(bc.body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if f, err := readBodyFields(bc.body); err != nil || f.Model == "" {
-					b.Fatalf("model %q, err %v", f.Model, err)
-				}
-			}
-		})
+	if tk.Model != "a" || tk.HasPriority || tk.Priority != 0 {
+		t.Errorf("model %q priority %d (has %v); want model a and no priority hint", tk.Model, tk.Priority, tk.HasPriority)
 	}
 }

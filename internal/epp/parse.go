@@ -1,9 +1,6 @@
 package epp
 
 import (
-	"encoding/json"
-	"errors"
-	"fmt"
 	"sync"
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
@@ -14,10 +11,11 @@ import (
 
 // BodyParser reads an OpenAI-style request: the model, the prompt's token
 // count (SPEC §1 raw_isl) and the hints of SPEC §6 from body and headers.
-// Through ParseBlocks it also hashes the prompt into prefix-cache blocks,
-// in the same pass over the tokens.
+// The body is read once, by the Tokenizer, which also says where the
+// body's priority is; through ParseBlocks the prompt is hashed into
+// prefix-cache blocks from the same tokens.
 type BodyParser struct {
-	// Tokenizer counts the prompt; nil means EstimateTokenizer.
+	// Tokenizer reads the body; nil means EstimateTokenizer.
 	Tokenizer Tokenizer
 }
 
@@ -26,38 +24,34 @@ var (
 	_ BlockParser   = BodyParser{}
 )
 
-// BlockParser is a RequestParser that can also fill Ticket.Blocks: the
-// prompt's chained block hashes at blockSize tokens per block, appended to
-// dst (a buffer the caller recycles once the dispatcher is done with the
-// ticket).
+// BlockParser is a RequestParser that also hands out what the rest of the
+// request needs from the body's single pass: Ticket.Blocks, the prompt's
+// chained block hashes at blockSize tokens per block (0: none), appended
+// to dst (a buffer the caller recycles once the dispatcher is done with
+// the ticket), and the body's fields in f (where a forwarded priority is
+// spliced).
 type BlockParser interface {
-	ParseBlocks(req *extproc.Request, t *dispatcher.Ticket, blockSize int, dst []uint64) error
+	ParseBlocks(req *extproc.Request, t *dispatcher.Ticket, blockSize int, dst []uint64, f *tokenize.Fields) error
 }
 
 // tokenBufs recycles token slices: a 32k-token prompt would otherwise cost
 // a 128 kB allocation per request.
 var tokenBufs = sync.Pool{New: func() any { s := make([]uint32, 0, 4096); return &s }}
 
-// bodyFields is the part of the body besides the prompt that scheduling
-// reads.
-type bodyFields struct {
-	Model string        `json:"model"`
-	NVExt *policy.NVExt `json:"nvext"`
-}
-
 // Parse implements RequestParser.
 func (p BodyParser) Parse(req *extproc.Request, t *dispatcher.Ticket) error {
-	return p.ParseBlocks(req, t, 0, nil)
+	var f tokenize.Fields
+	return p.ParseBlocks(req, t, 0, nil, &f)
 }
 
-// ParseBlocks implements BlockParser; blockSize 0 computes no hashes.
-func (p BodyParser) ParseBlocks(req *extproc.Request, t *dispatcher.Ticket, blockSize int, dst []uint64) error {
+// ParseBlocks implements BlockParser.
+func (p BodyParser) ParseBlocks(req *extproc.Request, t *dispatcher.Ticket, blockSize int, dst []uint64, f *tokenize.Fields) error {
 	tok := p.Tokenizer
 	if tok == nil {
 		tok = EstimateTokenizer{}
 	}
 	buf := tokenBufs.Get().(*[]uint32)
-	toks, err := tok.AppendPromptTokens((*buf)[:0], req.Body)
+	toks, err := tok.Extract((*buf)[:0], req.Body, f)
 	n := len(toks)
 	if err == nil && blockSize > 0 {
 		t.Blocks = tokenize.AppendBlockHashes(dst, toks, blockSize)
@@ -66,16 +60,10 @@ func (p BodyParser) ParseBlocks(req *extproc.Request, t *dispatcher.Ticket, bloc
 	*buf = toks[:0]
 	tokenBufs.Put(buf)
 	if err != nil {
-		return fmt.Errorf("request body: %w", err)
-	}
-	f, err := readBodyFields(req.Body)
-	if err != nil {
-		return err
+		return err // it names the byte and the field
 	}
 	var h policy.Hints
-	if f.NVExt != nil {
-		h.ApplyAgentHints(f.NVExt.AgentHints)
-	}
+	h.ApplyAgentHints(f.Hints)
 	var hh policy.HeaderHints
 	for k, v := range req.Headers {
 		hh.Observe(k, v)
@@ -88,56 +76,4 @@ func (p BodyParser) ParseBlocks(req *extproc.Request, t *dispatcher.Ticket, bloc
 	t.HasPriority = h.HasPriority
 	t.Strict = h.StrictPriority
 	return nil
-}
-
-// readBodyFields decodes the body's model and nvext members. The tokenizer
-// has validated the whole body, so a byte scan finds the members and only
-// their values are decoded: decoding the whole body would scan a long
-// prompt a second time at a fraction of the speed. Keys match as
-// encoding/json matches struct fields (case-insensitively, the last of
-// duplicates wins).
-func readBodyFields(body []byte) (bodyFields, error) {
-	var f bodyFields
-	_, err := forEachMember(body, func(key []byte, vs, ve int) error {
-		v := body[vs:ve]
-		var err error
-		var name string
-		switch {
-		case keyFolds(key, "model"):
-			name = "model"
-			if s, ok := plainString(v); ok {
-				f.Model = s // what json.Unmarshal would decode, without its allocations
-				return nil
-			}
-			// Decoding into a copy keeps f on the stack; starting from the
-			// current value keeps encoding/json's handling of a null
-			// duplicate (the earlier value stays).
-			m := f.Model
-			err = json.Unmarshal(v, &m)
-			f.Model = m
-		case keyFolds(key, "nvext"):
-			name = "nvext"
-			n := f.NVExt
-			err = json.Unmarshal(v, &n)
-			f.NVExt = n
-		default:
-			return nil
-		}
-		if err != nil {
-			var te *json.UnmarshalTypeError
-			if errors.As(err, &te) {
-				field := name
-				if te.Field != "" {
-					field += "." + te.Field
-				}
-				return fmt.Errorf("request body: field %s: %s does not fit %s", field, te.Value, te.Type)
-			}
-			return fmt.Errorf("request body: field %s: %w", name, err)
-		}
-		return nil
-	})
-	if errors.Is(err, errNotObject) {
-		err = fmt.Errorf("request body: %w", err)
-	}
-	return f, err
 }

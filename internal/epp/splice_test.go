@@ -5,10 +5,79 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
+
+// spansOf is the parser's view of body for the splice: the priority spans
+// from tokenize.Extract (a body without a prompt is fine here).
+func spansOf(body []byte) (*tokenize.PrioritySpans, error) {
+	var f tokenize.Fields
+	if _, err := tokenize.Extract(nil, body, &f); err != nil && !errors.Is(err, tokenize.ErrNoPrompt) {
+		return nil, err
+	}
+	return &f.Priority, nil
+}
+
+func TestSplicePriority(t *testing.T) {
+	cases := []struct {
+		name, in, want string
+		v              int64
+		err            bool // the parser rejects the body: nothing to splice
+	}{
+		{"insert into object", `{"model":"m","prompt":"hi"}`, `{"priority":-5,"model":"m","prompt":"hi"}`, -5, false},
+		{"insert into empty object", ` { } `, ` {"priority":3 } `, 3, false},
+		{"replace keeps the rest byte for byte", `{"a": 1.50e0, "priority" : 7 ,"z":[1, {"priority":9}]}`, `{"a": 1.50e0, "priority" : 12 ,"z":[1, {"priority":9}]}`, 12, false},
+		{"nested members are not touched", `{"nvext":{"priority":1},"x":"priority"}`, `{"priority":-2147483648,"nvext":{"priority":1},"x":"priority"}`, -2147483648, false},
+		{"replace every duplicate", `{"priority":1,"b":{},"priority":"x"}`, `{"priority":4,"b":{},"priority":4}`, 4, false},
+		{"escaped key", `{"priorit\u0079":null}`, `{"priorit\u0079":0}`, 0, false},
+		{"strings with braces and escapes", `{"s":"}\"{[","priority":[1,2]}`, `{"s":"}\"{[","priority":5}`, 5, false},
+		{"not an object", `[1,2]`, ``, 1, true},
+		{"empty", ``, ``, 1, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			at, err := spansOf([]byte(tc.in))
+			if (err != nil) != tc.err {
+				t.Fatalf("parse err = %v, want error %v", err, tc.err)
+			}
+			if tc.err {
+				return
+			}
+			got, ok := splicePriority([]byte(tc.in), at, tc.v)
+			if !ok {
+				t.Fatalf("spans %+v do not fit the body", at)
+			}
+			if string(got) != tc.want {
+				t.Fatalf("got  %s\nwant %s", got, tc.want)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(got, &m); err != nil {
+				t.Fatalf("result is not JSON: %v", err)
+			}
+			if p, ok := m["priority"].(float64); !ok || int64(p) != tc.v {
+				t.Errorf("decoded priority %v, want %d", m["priority"], tc.v)
+			}
+		})
+	}
+}
+
+func TestSplicePriorityRejectsSpansThatDoNotFit(t *testing.T) {
+	body := []byte(`{"priority":1}`)
+	for _, at := range []tokenize.PrioritySpans{
+		{Open: 3},
+		{Open: len(body)},
+		{Open: 0, Values: []tokenize.Span{{Start: 12, End: 20}}},
+		{Open: 0, Values: []tokenize.Span{{Start: 12, End: 13}, {Start: 2, End: 3}}},
+	} {
+		if out, ok := splicePriority(body, &at, 5); ok {
+			t.Errorf("spans %+v spliced into %s", at, out)
+		}
+	}
+}
 
 // decoderMembers lists an object's top-level members as encoding/json
 // reads them: each key decoded and each value's exact bytes.
@@ -38,87 +107,78 @@ func decoderMembers(body []byte) (keys, values []string, err error) {
 	return keys, values, nil
 }
 
-// checkMembers compares forEachMember with encoding/json on a valid body.
-func checkMembers(t *testing.T, body []byte) {
-	t.Helper()
-	wantKeys, wantValues, err := decoderMembers(body)
-	if err != nil {
-		t.Fatalf("the oracle rejects %q: %v", body, err)
-	}
-	var keys, values []string
-	if _, err := forEachMember(body, func(k []byte, vs, ve int) error {
-		key, ok := unquoteKey(k) // as encoding/json decodes it (invalid UTF-8 replaced)
-		if !ok {
-			t.Errorf("key %s does not decode", k)
-		}
-		keys = append(keys, key)
-		values = append(values, string(body[vs:ve]))
-		return nil
-	}); err != nil {
-		t.Fatalf("forEachMember(%q): %v", body, err)
-	}
-	if !slices.Equal(keys, wantKeys) || !slices.Equal(values, wantValues) {
-		t.Errorf("forEachMember(%q)\n got keys %q values %q\nwant keys %q values %q", body, keys, values, wantKeys, wantValues)
-	}
-}
-
-// memberBodies are valid objects that exercise the scanner: escapes next
-// to quotes, structural bytes inside strings, nesting, and structural
-// bytes at every offset of an 8-byte word.
+// memberBodies are valid objects that exercise the parser's member walk:
+// escapes next to quotes, structural bytes inside strings, nesting, and
+// priority members in every position.
 func memberBodies() []string {
 	bodies := []string{
 		`{}`,
 		` { } `,
 		`{"a":1}`,
 		`{"model":"m","prompt":[1,2,3],"max_tokens":1,"stream":true}`,
-		`{"s":"a\"b","t":"\\","u":"\\\"","v":"\\\\\\\"]"}`,
-		`{"s":"}{][\"","n":null,"f":false,"x":-1.5e+10}`,
-		`{"a":[[],[[]],{"b":{"c":[1,{"d":"]"}]}}],"e":{}}`,
-		`{"k\u0065y":"v","\"q\"":["\"",{"\\":"\\\\"}]}`,
-		"{\"a\" :\n\t[ 1 , 2 ] ,\r\n \"b\" : { \"c\" : \"d\" } }",
-		`{"utf8":"modèle 日本 🚀","esc":"\u00e9\ud83d\ude80"}`,
+		`{"s":"a\"b","t":"\\","u":"\\\"","v":"\\\\\\\"]","priority":3}`,
+		`{"s":"}{][\"","n":null,"f":false,"x":-1.5e+10,"priority":null}`,
+		`{"a":[[],[[]],{"b":{"c":[1,{"d":"]"}]}}],"e":{},"priority":{"priority":1}}`,
+		`{"k\u0065y":"v","\"q\"":["\"",{"\\":"\\\\"}],"pr\u0069ority":"x"}`,
+		"{\"a\" :\n\t[ 1 , 2 ] ,\r\n \"priority\" : { \"c\" : \"d\" } }",
+		`{"utf8":"modèle 日本 🚀","esc":"\u00e9\ud83d\ude80","priority":1,"priority":2}`,
 		`{"prompt":"` + strings.Repeat("The quick brown fox. ", 200) + `","model":"m"}`,
+		`{"Priority":1,"PRIORITY":2}`,
 	}
-	// A structural byte at each offset of a word, inside a long array.
 	for off := range 16 {
 		pad := strings.Repeat("1,", off)
 		bodies = append(bodies,
-			`{"p":[`+pad+`[2],{"x":"]"},"}"],"m":"x"}`,
-			`{"p":"`+strings.Repeat("a", off)+`\"\\"}`,
-			`{"p":[`+pad+`"\\\\",3],"q":{`+strings.Repeat(" ", off)+`}}`,
+			`{"p":[`+pad+`[2],{"x":"]"},"}"],"priority":[`+pad+`0]}`,
+			`{"p":"`+strings.Repeat("a", off)+`\"\\","priority":7}`,
 		)
 	}
 	return bodies
 }
 
-func TestForEachMemberAgreesWithEncodingJSON(t *testing.T) {
+// FuzzSplicePriority checks the splice against encoding/json on every body
+// the parser accepts: afterwards every top-level priority member holds v
+// (or one was inserted first), and every other member is byte for byte
+// what it was.
+func FuzzSplicePriority(f *testing.F) {
 	for _, b := range memberBodies() {
-		checkMembers(t, []byte(b))
+		f.Add([]byte(b), int64(-7))
 	}
-}
-
-func TestSkipValueRejectsTruncated(t *testing.T) {
-	tests := []string{`"abc`, `"abc\"`, `"abc\\\"`, `[1,2`, `{"a":"]"`, `[[]`, `["]"`, `{"a":[1,2,3,4,5,6,7,8,9,10`}
-	for _, v := range tests {
-		if _, err := skipValue([]byte(v), 0); err == nil {
-			t.Errorf("skipValue(%q) accepted a truncated value", v)
-		}
-	}
-}
-
-// FuzzForEachMember checks the scanner against encoding/json on every
-// valid object the fuzzer finds.
-func FuzzForEachMember(f *testing.F) {
-	for _, b := range memberBodies() {
-		f.Add([]byte(b))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		if !json.Valid(body) {
+	f.Fuzz(func(t *testing.T, body []byte, v int64) {
+		at, err := spansOf(body)
+		if err != nil {
 			return
 		}
-		if _, _, err := decoderMembers(body); err != nil {
-			return // valid JSON but not an object
+		keys, values, err := decoderMembers(body)
+		if err != nil {
+			t.Fatalf("the parser accepted a body encoding/json rejects: %v", err)
 		}
-		checkMembers(t, body)
+		out, ok := splicePriority(body, at, v)
+		if !ok {
+			t.Fatalf("spans %+v do not fit the body", at)
+		}
+		gotKeys, gotValues, err := decoderMembers(out)
+		if err != nil {
+			t.Fatalf("spliced body is not a JSON object: %v", err)
+		}
+		want := strconv.FormatInt(v, 10)
+		has := false
+		for _, k := range keys {
+			has = has || k == "priority"
+		}
+		if !has {
+			keys, values = append([]string{"priority"}, keys...), append([]string{want}, values...)
+		}
+		if len(gotKeys) != len(keys) {
+			t.Fatalf("keys %q, want %q", gotKeys, keys)
+		}
+		for i := range keys {
+			wantValue := values[i]
+			if keys[i] == "priority" {
+				wantValue = want
+			}
+			if gotKeys[i] != keys[i] || gotValues[i] != wantValue {
+				t.Fatalf("member %d: %q: %s, want %q: %s", i, gotKeys[i], gotValues[i], keys[i], wantValue)
+			}
+		}
 	})
 }

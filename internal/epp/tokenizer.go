@@ -2,13 +2,16 @@ package epp
 
 import "github.com/laneway-dev/laneway/pkg/tokenize"
 
-// Tokenizer turns a request body into its prompt's token ids. Every token
-// count and prefix hash of the picker comes from one Tokenizer, so the
-// class buckets, limits, costs and the prefix index all agree.
+// Tokenizer reads a request body for the picker in one pass: the prompt's
+// token ids and the fields the picker reads besides them (model, agent
+// hints, where the priority is). Every token count and prefix hash of the
+// picker comes from one Tokenizer, so the class buckets, limits, costs and
+// the prefix index all agree.
 type Tokenizer interface {
-	// AppendPromptTokens appends the prompt's token ids to dst; an error
-	// means the body is malformed (400).
-	AppendPromptTokens(dst []uint32, body []byte) ([]uint32, error)
+	// Extract appends the prompt's token ids to dst and fills f (see
+	// tokenize.Extract); an error means the body is malformed (400) and
+	// names the field.
+	Extract(dst []uint32, body []byte, f *tokenize.Fields) ([]uint32, error)
 }
 
 // EstimateTokenizer is the default Tokenizer: pkg/tokenize's deterministic
@@ -17,7 +20,7 @@ type Tokenizer interface {
 // vocabulary, and the simulator hashes prompts the same way.
 type EstimateTokenizer struct{}
 
-// AppendPromptTokens implements Tokenizer.
-func (EstimateTokenizer) AppendPromptTokens(dst []uint32, body []byte) ([]uint32, error) {
-	return tokenize.ExtractPrompt(dst, body)
+// Extract implements Tokenizer.
+func (EstimateTokenizer) Extract(dst []uint32, body []byte, f *tokenize.Fields) ([]uint32, error) {
+	return tokenize.Extract(dst, body, f)
 }

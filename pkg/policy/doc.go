@@ -15,9 +15,11 @@
 // (BusyTest, same index), and precomputed lookup tables so that
 // Compiled.Resolve, which runs once per request, does no allocation.
 //
-// Hints (ParseBody, HeaderHints) reads the priority hints of one request
-// from its JSON body and headers; ForwardPriority converts the soft priority
-// to the polarity of the backend engine.
+// Hints merges the priority hints of one request: the body's, which
+// tokenize.Extract reads in its single pass over the body
+// (Hints.ApplyAgentHints), and the headers' (HeaderHints), which override
+// them; ForwardPriority converts the soft priority to the polarity of the
+// backend engine.
 //
 // Model profiles: Config.Models maps an exact model name to a whole Profile
 // that replaces the root one for that model's requests. All profiles'

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
+	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
 // FuzzLoadYAML: the loader never panics, and whatever it accepts compiles,
@@ -91,7 +93,7 @@ func profilesOf(ms []ModelProfile) []Profile {
 	return out
 }
 
-// FuzzParseHints: body and header parsing never panic, and a class header
+// FuzzParseHints: body and header hints never panic, and a class header
 // value that survives is trimmed and comma-free.
 func FuzzParseHints(f *testing.F) {
 	f.Add([]byte(`{"nvext":{"agent_hints":{"priority":10,"strict_priority":1,"osl":5,"speculative_prefill":true}}}`), "x-dynamo-meta-policy-class", " premium ")
@@ -100,9 +102,10 @@ func FuzzParseHints(f *testing.F) {
 	f.Add([]byte(`[`), "X-Laneway-Policy-Class", "a, b")
 	f.Add([]byte(``), "", "")
 	f.Fuzz(func(t *testing.T, body []byte, name, value string) {
-		h, err := ParseBody(body)
-		if err != nil && h != (Hints{}) {
-			t.Fatalf("error %v with non-zero hints %+v", err, h)
+		var h Hints
+		var f tokenize.Fields
+		if _, err := tokenize.Extract(nil, body, &f); err == nil || errors.Is(err, tokenize.ErrNoPrompt) {
+			h.ApplyAgentHints(f.Hints)
 		}
 		var hh HeaderHints
 		isHint := hh.Observe(name, value)

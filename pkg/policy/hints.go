@@ -1,18 +1,15 @@
 package policy
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
+	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
 // Hints are a request's scheduling hints (SPEC §6), merged from the JSON
-// body and the headers.
+// body (ApplyAgentHints) and the headers (HeaderHints).
 type Hints struct {
 	// Priority is the soft priority (higher = more important), raw: a
 	// negative value is kept for forwarding to the engine; queue ordering
@@ -31,78 +28,22 @@ type Hints struct {
 	Class string
 }
 
-// AgentHints is the JSON object nvext.agent_hints. Code that decodes the
-// request body for its own purposes can embed NVExt in its body struct and
-// call Hints.ApplyAgentHints, keeping the body parse to one pass.
-type AgentHints struct {
-	Priority           *int32  `json:"priority,omitempty"`
-	StrictPriority     *uint32 `json:"strict_priority,omitempty"`
-	OSL                *uint32 `json:"osl,omitempty"`
-	SpeculativePrefill *bool   `json:"speculative_prefill,omitempty"`
-	// LatencySensitivity is the deprecated name of Priority; it applies
-	// only when priority is absent.
-	LatencySensitivity *int32 `json:"latency_sensitivity,omitempty"`
-}
-
-// NVExt is the JSON object nvext of an OpenAI-style request body, reduced
-// to the part Laneway reads.
-type NVExt struct {
-	AgentHints *AgentHints `json:"agent_hints,omitempty"`
-}
-
-// ApplyAgentHints sets the fields that a (possibly nil) agent_hints object
-// carries.
-func (h *Hints) ApplyAgentHints(a *AgentHints) {
-	if a == nil {
-		return
+// ApplyAgentHints sets the fields that the body's nvext.agent_hints
+// carried (tokenize.Extract reads them in its one pass over the body,
+// resolving the latency_sensitivity alias); absent ones stay as they are.
+func (h *Hints) ApplyAgentHints(a tokenize.AgentHints) {
+	if a.HasPriority {
+		h.Priority, h.HasPriority = a.Priority, true
 	}
-	switch {
-	case a.Priority != nil:
-		h.Priority, h.HasPriority = *a.Priority, true
-	case a.LatencySensitivity != nil:
-		h.Priority, h.HasPriority = *a.LatencySensitivity, true
+	if a.HasStrictPriority {
+		h.StrictPriority = a.StrictPriority
 	}
-	if a.StrictPriority != nil {
-		h.StrictPriority = *a.StrictPriority
+	if a.HasOSL {
+		h.OSL, h.HasOSL = a.OSL, true
 	}
-	if a.OSL != nil {
-		h.OSL, h.HasOSL = *a.OSL, true
+	if a.HasSpeculativePrefill {
+		h.SpeculativePrefill = a.SpeculativePrefill
 	}
-	if a.SpeculativePrefill != nil {
-		h.SpeculativePrefill = *a.SpeculativePrefill
-	}
-}
-
-// hintBody is the part of a request body ParseBody decodes; every other
-// field is skipped by the same pass.
-type hintBody struct {
-	NVExt *NVExt `json:"nvext"`
-}
-
-// ErrMalformedBody is wrapped by ParseBody's errors; the caller answers 400.
-var ErrMalformedBody = errors.New("malformed request body")
-
-// ParseBody reads nvext.agent_hints from a JSON request body in one pass,
-// ignoring every other field. A body that is not a JSON object, or whose
-// hints have the wrong type or range (priority must fit int32,
-// strict_priority and osl uint32), is an error wrapping ErrMalformedBody.
-func ParseBody(body []byte) (Hints, error) {
-	var h Hints
-	if len(bytes.TrimSpace(body)) == 0 {
-		return h, fmt.Errorf("%w: empty body, want a JSON object", ErrMalformedBody)
-	}
-	var b hintBody
-	if err := json.Unmarshal(body, &b); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			return h, fmt.Errorf("%w: field %s: %s does not fit %s", ErrMalformedBody, te.Field, te.Value, te.Type)
-		}
-		return h, fmt.Errorf("%w: %w", ErrMalformedBody, err)
-	}
-	if b.NVExt != nil {
-		h.ApplyAgentHints(b.NVExt.AgentHints)
-	}
-	return h, nil
 }
 
 // The hint headers. Laneway's own names take precedence over the Dynamo

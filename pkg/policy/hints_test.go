@@ -1,74 +1,45 @@
 package policy
 
 import (
-	"encoding/json"
 	"errors"
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
-func TestParseBody(t *testing.T) {
+// TestApplyAgentHints: the body's hints (read by tokenize.Extract, whose
+// own tests cover the JSON) set what they carry and leave the rest.
+func TestApplyAgentHints(t *testing.T) {
+	start := Hints{Priority: 1, HasPriority: true, StrictPriority: 2, OSL: 3, HasOSL: true, SpeculativePrefill: true, Class: "c"}
 	tests := []struct {
-		name    string
-		body    string
-		want    Hints
-		wantErr string // substring; "" = no error
+		name string
+		body string
+		want Hints
 	}{
-		{"no nvext", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, Hints{}, ""},
-		{"all hints", `{"model":"m","nvext":{"agent_hints":{"priority":10,"strict_priority":2,"osl":128,"speculative_prefill":true}},"max_tokens":1}`,
-			Hints{Priority: 10, HasPriority: true, StrictPriority: 2, OSL: 128, HasOSL: true, SpeculativePrefill: true}, ""},
-		{"negative priority kept raw", `{"nvext":{"agent_hints":{"priority":-7}}}`, Hints{Priority: -7, HasPriority: true}, ""},
-		{"deprecated alias", `{"nvext":{"agent_hints":{"latency_sensitivity":3}}}`, Hints{Priority: 3, HasPriority: true}, ""},
-		{"priority wins over the alias", `{"nvext":{"agent_hints":{"latency_sensitivity":3,"priority":5}}}`, Hints{Priority: 5, HasPriority: true}, ""},
-		{"nulls are absent", `{"nvext":{"agent_hints":{"priority":null,"osl":null}}}`, Hints{}, ""},
-		{"null agent_hints", `{"nvext":{"agent_hints":null}}`, Hints{}, ""},
-		{"other nvext fields ignored", `{"nvext":{"ignore_eos":true,"agent_hints":{"priority":1}}}`, Hints{Priority: 1, HasPriority: true}, ""},
-		{"int32 bounds", `{"nvext":{"agent_hints":{"priority":-2147483648,"strict_priority":4294967295}}}`,
-			Hints{Priority: math.MinInt32, HasPriority: true, StrictPriority: math.MaxUint32}, ""},
-		{"priority overflows int32", `{"nvext":{"agent_hints":{"priority":2147483648}}}`, Hints{}, "field nvext.agent_hints.priority"},
-		{"negative strict priority", `{"nvext":{"agent_hints":{"strict_priority":-1}}}`, Hints{}, "field nvext.agent_hints.strict_priority"},
-		{"fractional priority", `{"nvext":{"agent_hints":{"priority":1.5}}}`, Hints{}, "field nvext.agent_hints.priority"},
-		{"string priority", `{"nvext":{"agent_hints":{"priority":"high"}}}`, Hints{}, "field nvext.agent_hints.priority"},
-		{"nvext not an object", `{"nvext":5}`, Hints{}, "field nvext"},
-		{"not an object", `[1,2]`, Hints{}, "malformed request body"},
-		{"truncated", `{"model":"m","nvext":{`, Hints{}, "malformed request body"},
-		{"empty", ``, Hints{}, "empty body"},
-		{"trailing garbage", `{} x`, Hints{}, "malformed request body"},
+		{"no nvext keeps all", `{"model":"m"}`, start},
+		{"all hints", `{"nvext":{"agent_hints":{"priority":10,"strict_priority":4,"osl":128,"speculative_prefill":false}}}`,
+			Hints{Priority: 10, HasPriority: true, StrictPriority: 4, OSL: 128, HasOSL: true, Class: "c"}},
+		{"negative priority kept raw", `{"nvext":{"agent_hints":{"priority":-7}}}`,
+			Hints{Priority: -7, HasPriority: true, StrictPriority: 2, OSL: 3, HasOSL: true, SpeculativePrefill: true, Class: "c"}},
+		{"deprecated alias", `{"nvext":{"agent_hints":{"latency_sensitivity":3}}}`,
+			Hints{Priority: 3, HasPriority: true, StrictPriority: 2, OSL: 3, HasOSL: true, SpeculativePrefill: true, Class: "c"}},
+		{"int32 and uint32 bounds", `{"nvext":{"agent_hints":{"priority":-2147483648,"strict_priority":4294967295}}}`,
+			Hints{Priority: math.MinInt32, HasPriority: true, StrictPriority: math.MaxUint32, OSL: 3, HasOSL: true, SpeculativePrefill: true, Class: "c"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseBody([]byte(tt.body))
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.Is(err, ErrMalformedBody) {
-					t.Fatalf("ParseBody error = %v, want one containing %q wrapping ErrMalformedBody", err, tt.wantErr)
-				}
-				return
+			var f tokenize.Fields
+			if _, err := tokenize.Extract(nil, []byte(tt.body), &f); err != nil && !errors.Is(err, tokenize.ErrNoPrompt) {
+				t.Fatal(err)
 			}
-			if err != nil {
-				t.Fatalf("ParseBody: %v", err)
-			}
+			got := start
+			got.ApplyAgentHints(f.Hints)
 			if got != tt.want {
-				t.Errorf("ParseBody = %+v, want %+v", got, tt.want)
+				t.Errorf("got %+v, want %+v", got, tt.want)
 			}
 		})
-	}
-}
-
-// TestNVExtEmbedding shows the one-pass path for a caller that decodes the
-// body itself.
-func TestNVExtEmbedding(t *testing.T) {
-	var body struct {
-		Model string `json:"model"`
-		NVExt *NVExt `json:"nvext"`
-	}
-	if err := json.Unmarshal([]byte(`{"model":"m","nvext":{"agent_hints":{"priority":4}}}`), &body); err != nil {
-		t.Fatal(err)
-	}
-	var h Hints
-	h.ApplyAgentHints(body.NVExt.AgentHints)
-	if body.Model != "m" || h.Priority != 4 || !h.HasPriority {
-		t.Errorf("got model %q hints %+v", body.Model, h)
 	}
 }
 

@@ -20,14 +20,35 @@
 //
 // # Request bodies
 //
-// ExtractPrompt reads a /v1/completions body (`prompt` as a string, an array
-// of strings, an array of token ids or an array of such arrays, all
+// Extract reads a /v1/completions body (`prompt` as a string, an array of
+// strings, an array of token ids or an array of such arrays, all
 // concatenated) or a /v1/chat/completions body (`messages`, each content a
 // string or an array of `{"type":"text","text":...}` parts) in a single pass
 // over the bytes, validating the JSON as it goes and tokenizing string
 // contents in place, without building a document tree. Chat messages add
 // marker tokens around each message and its role, and a final assistant
 // marker, as a chat template does, so structure counts toward the length.
+// The same pass reads what the endpoint picker needs besides the prompt
+// (Fields): the model, nvext.agent_hints, and the byte spans of the
+// top-level priority members, so the picker never scans a body twice. Keys
+// match exactly, as the OpenAI API reads them, and the last of duplicates
+// wins, as in encoding/json. ExtractPrompt is Extract without the fields.
+//
+// Long prompts are the common case, so string contents are tokenized 64
+// bytes at a time wherever a piece starts with 64 plain bytes (no quote,
+// backslash or control character) ahead: the block is classified into
+// bitmasks a word at a time, every piece start in it follows from bit
+// operations, and the pieces are read off the start mask. The rest (short
+// strings, the bytes around escapes) goes a byte at a time. Both give the
+// ids Tokenize gives for the decoded text; the fuzz targets hold them to it.
+//
+// Long prompts are the common case, so string contents are tokenized 64
+// bytes at a time wherever a piece starts with 64 plain bytes (no quote,
+// backslash or control character) ahead: the block is classified into
+// bitmasks a word at a time, every piece start in it follows from bit
+// operations, and the pieces are read off the start mask. The rest (short
+// strings, the bytes around escapes) goes a byte at a time. Both give the
+// ids Tokenize gives for the decoded text; the fuzz targets hold them to it.
 //
 // # Block hashes
 //
@@ -35,5 +56,7 @@
 // covers hash i-1 and the tokens of block i, as vLLM's automatic prefix
 // caching does, so equal hashes at position i mean equal prefixes through
 // block i. A partial last block has no hash, because engines only cache full
-// blocks.
+// blocks. A block's content is hashed in four independent lanes and only
+// one mix per block is chained, so hashing runs at the multiplier's
+// throughput rather than its latency.
 package tokenize

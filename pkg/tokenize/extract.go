@@ -41,6 +41,9 @@ type extractor struct {
 	dst   []uint32
 	depth int
 	key   []byte // scratch for keys with escapes
+
+	f     *Fields   // nil: only the prompt is read
+	hints hintState // nvext.agent_hints so far, for f
 }
 
 // span is a range of dst holding the tokens of one value; ok is false when
@@ -51,26 +54,46 @@ type span struct {
 }
 
 // ExtractPrompt appends the prompt's token ids from an OpenAI completions or
-// chat completions request body to dst and returns the extended slice.
+// chat completions request body to dst and returns the extended slice. It
+// is Extract without the fields.
+func ExtractPrompt(dst []uint32, body []byte) ([]uint32, error) {
+	return Extract(dst, body, nil)
+}
+
+// Extract appends the prompt's token ids from an OpenAI completions or chat
+// completions request body to dst, returns the extended slice, and, when f
+// is not nil, fills f with the body's other fields the picker reads, all in
+// one pass over the body.
 //
 // A "prompt" may be a string, an array of strings, an array of token ids
 // (taken exactly) or an array of token-id arrays; the parts are concatenated.
 // "messages" is a chat conversation (see the package doc). A body without
-// either, or with both, fails with ErrNoPrompt; callers answer 400. The body
+// either, or with both, fails with ErrNoPrompt; callers answer 400. Keys
+// match exactly (JSON keys are case-sensitive, as the OpenAI API reads
+// them) and the last of duplicate keys wins, as in encoding/json. The body
 // is read once, in O(len(body)) time, and nothing is allocated beyond the
-// growth of dst unless a key or a role contains escapes. On error dst is
-// returned truncated to its original length.
-func ExtractPrompt(dst []uint32, body []byte) ([]uint32, error) {
+// growth of dst (and of f.Priority.Values) unless a key or a role contains
+// escapes or the model name is longer than one byte. On error dst is
+// returned truncated to its original length; f is complete after
+// ErrNoPrompt (the whole body was read) and unspecified after any other
+// error.
+func Extract(dst []uint32, body []byte, f *Fields) ([]uint32, error) {
 	start := len(dst)
 	if want := min(len(body)/3, maxPregrow); cap(dst)-start < want {
 		// One allocation instead of a doubling series: prompts run about
 		// 3-6 body bytes per token.
 		dst = slices.Grow(dst, want)
 	}
-	e := extractor{b: body, dst: dst}
+	e := extractor{b: body, dst: dst, f: f}
+	if f != nil {
+		f.reset()
+	}
 	prompt, messages, err := e.top()
 	if err != nil {
 		return dst[:start], err
+	}
+	if f != nil {
+		f.Hints = e.hints.resolve()
 	}
 	var s span
 	switch {
@@ -133,12 +156,22 @@ func (e *extractor) expect(c byte) error {
 // top reads the whole body: an object whose "prompt" and "messages" values
 // are tokenized and whose other values are only validated.
 func (e *extractor) top() (prompt, messages span, err error) {
+	if len(e.b) == 0 {
+		err = fmt.Errorf("request body is empty: %w", ErrSyntax)
+		return
+	}
 	if err = e.expect('{'); err != nil {
 		return
 	}
 	e.depth = 1
+	if e.f != nil {
+		e.f.Priority.Open = e.i - 1
+	}
 	if e.peek() == '}' {
 		e.i++
+		if e.f != nil {
+			e.f.Priority.Empty = true
+		}
 	} else {
 		for {
 			var key []byte
@@ -151,7 +184,11 @@ func (e *extractor) top() (prompt, messages span, err error) {
 			case "messages":
 				messages, err = e.value(e.messagesValue)
 			default:
-				err = e.skipValue()
+				if e.f == nil {
+					err = e.skipValue()
+				} else {
+					err = e.field(key)
+				}
 			}
 			if err != nil {
 				return
@@ -234,6 +271,22 @@ func (e *extractor) push() error {
 	return nil
 }
 
+// enter goes one level into a container whose opening byte was just read.
+// It reports true, with the level left again, when the container closes
+// at once (the closing byte is read); otherwise the caller leaves the level
+// when it is done.
+func (e *extractor) enter(closing byte) (bool, error) {
+	if err := e.push(); err != nil {
+		return false, err
+	}
+	if e.peek() == closing {
+		e.i++
+		e.depth--
+		return true, nil
+	}
+	return false, nil
+}
+
 // promptValue reads a completions prompt (non-null).
 func (e *extractor) promptValue() error {
 	switch e.peek() {
@@ -248,14 +301,10 @@ func (e *extractor) promptValue() error {
 		return e.shape("prompt", "is not a string or an array")
 	}
 	e.i++
-	if err := e.push(); err != nil {
+	if empty, err := e.enter(']'); empty || err != nil {
 		return err
 	}
 	defer func() { e.depth-- }()
-	if e.peek() == ']' {
-		e.i++
-		return nil
-	}
 	first := e.peek()
 	if first != '"' && first != '[' {
 		return e.idList()
@@ -289,14 +338,10 @@ func (e *extractor) promptValue() error {
 
 // tokenIDs reads the rest of an array of token ids (after '[').
 func (e *extractor) tokenIDs() error {
-	if err := e.push(); err != nil {
+	if empty, err := e.enter(']'); empty || err != nil {
 		return err
 	}
 	defer func() { e.depth-- }()
-	if e.peek() == ']' {
-		e.i++
-		return nil
-	}
 	return e.idList()
 }
 
@@ -395,12 +440,11 @@ func (e *extractor) messagesValue() error {
 		return e.shape("messages", "is not an array")
 	}
 	e.i++
-	if err := e.push(); err != nil {
+	empty, err := e.enter(']')
+	if err != nil {
 		return err
 	}
-	if e.peek() == ']' {
-		e.i++
-	} else {
+	if !empty {
 		for {
 			if e.peek() != '{' {
 				if err := e.skipValue(); err != nil {
@@ -418,8 +462,8 @@ func (e *extractor) messagesValue() error {
 				return err
 			}
 		}
+		e.depth--
 	}
-	e.depth--
 	e.dst = append(e.dst, genPrompt)
 	return nil
 }
@@ -427,39 +471,23 @@ func (e *extractor) messagesValue() error {
 // message reads one chat message (after '{') and appends
 // start, content, role marker, role, end.
 func (e *extractor) message() error {
-	if err := e.push(); err != nil {
-		return err
-	}
-	defer func() { e.depth-- }()
 	start := len(e.dst)
 	e.dst = append(e.dst, msgStart)
 	var content span
 	var role []byte
-	if e.peek() == '}' {
-		e.i++
-	} else {
-		for {
-			key, err := e.readKey()
-			if err != nil {
-				return err
-			}
-			switch string(key) {
-			case "content":
-				content, err = e.value(e.contentValue)
-			case "role":
-				role, err = e.roleValue()
-			default:
-				err = e.skipValue()
-			}
-			if err != nil {
-				return err
-			}
-			if err = e.nextMember('}'); err == errEnd {
-				break
-			} else if err != nil {
-				return err
-			}
+	err := e.members(func(key []byte) (err error) {
+		switch string(key) {
+		case "content":
+			content, err = e.value(e.contentValue)
+		case "role":
+			role, err = e.roleValue()
+		default:
+			err = e.skipValue()
 		}
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	e.dst = e.moveTo(start+1, content)
 	e.dst = append(e.dst, msgRole)
@@ -470,6 +498,29 @@ func (e *extractor) message() error {
 	e.dst = t.flush(e.dst)
 	e.dst = append(e.dst, msgEnd)
 	return nil
+}
+
+// members reads the rest of an object (after '{'), calling member with each
+// key; member reads the value.
+func (e *extractor) members(member func(key []byte) error) error {
+	if empty, err := e.enter('}'); empty || err != nil {
+		return err
+	}
+	defer func() { e.depth-- }()
+	for {
+		key, err := e.readKey()
+		if err != nil {
+			return err
+		}
+		if err := member(key); err != nil {
+			return err
+		}
+		if err := e.nextMember('}'); err == errEnd {
+			return nil
+		} else if err != nil {
+			return err
+		}
+	}
 }
 
 // roleValue reads a role: a string (copied when it had escapes, since the
@@ -503,14 +554,10 @@ func (e *extractor) contentValue() error {
 		return e.shape("messages", "content is not a string or an array")
 	}
 	e.i++
-	if err := e.push(); err != nil {
+	if empty, err := e.enter(']'); empty || err != nil {
 		return err
 	}
 	defer func() { e.depth-- }()
-	if e.peek() == ']' {
-		e.i++
-		return nil
-	}
 	for {
 		if e.peek() != '{' {
 			if err := e.skipValue(); err != nil {
@@ -532,43 +579,26 @@ func (e *extractor) contentValue() error {
 
 // part reads one content part (after '{').
 func (e *extractor) part() error {
-	if err := e.push(); err != nil {
-		return err
-	}
-	defer func() { e.depth-- }()
 	start := len(e.dst)
 	var text span
-	if e.peek() == '}' {
-		e.i++
-		return nil
-	}
-	for {
-		key, err := e.readKey()
-		if err != nil {
-			return err
+	err := e.members(func(key []byte) (err error) {
+		if string(key) != "text" {
+			return e.skipValue()
 		}
-		if string(key) == "text" {
-			text, err = e.value(func() error {
-				if e.peek() != '"' {
-					if err := e.skipValue(); err != nil {
-						return err
-					}
-					return e.shape("messages", "content part text is not a string")
+		text, err = e.value(func() error {
+			if e.peek() != '"' {
+				if err := e.skipValue(); err != nil {
+					return err
 				}
-				e.i++
-				return e.tokString()
-			})
-		} else {
-			err = e.skipValue()
-		}
-		if err != nil {
-			return err
-		}
-		if err = e.nextMember('}'); err == errEnd {
-			break
-		} else if err != nil {
-			return err
-		}
+				return e.shape("messages", "content part text is not a string")
+			}
+			e.i++
+			return e.tokString()
+		})
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	e.dst = e.moveTo(start, text)
 	return nil
@@ -583,14 +613,10 @@ func (e *extractor) skipValue() error {
 		return err
 	case '{':
 		e.i++
-		if err := e.push(); err != nil {
+		if empty, err := e.enter('}'); empty || err != nil {
 			return err
 		}
 		defer func() { e.depth-- }()
-		if e.peek() == '}' {
-			e.i++
-			return nil
-		}
 		for {
 			if e.peek() != '"' {
 				return e.syntax("want an object key")
@@ -613,14 +639,10 @@ func (e *extractor) skipValue() error {
 		}
 	case '[':
 		e.i++
-		if err := e.push(); err != nil {
+		if empty, err := e.enter(']'); empty || err != nil {
 			return err
 		}
 		defer func() { e.depth-- }()
-		if e.peek() == ']' {
-			e.i++
-			return nil
-		}
 		for {
 			if err := e.skipValue(); err != nil {
 				return err
@@ -758,84 +780,6 @@ func (e *extractor) readEscaped(buf []byte) ([]byte, error) {
 		}
 	}
 	return nil, e.syntax("unterminated string")
-}
-
-// strClass is byteClass with the bytes that end the fast path of tokString
-// (quote, backslash, control characters) mapped to clsNone.
-var strClass = func() (t [256]uint8) {
-	t = byteClass
-	t['"'], t['\\'] = clsNone, clsNone
-	for c := range 0x20 {
-		t[c] = clsNone
-	}
-	return t
-}()
-
-// tokString tokenizes the rest of a string (after the opening quote)
-// straight into dst. This is the hot loop of a long prompt: it does what
-// tokState.feed does (TestExtractPrompt and the fuzz target compare the two
-// through Tokenize) with the piece kept in registers.
-func (e *extractor) tokString() error {
-	b := e.b
-	dst := e.dst
-	var acc uint64
-	var n, run, cls uint8
-	i := e.i
-	for i < len(b) {
-		c := b[i]
-		k := strClass[c]
-		if k == cls && run < maxRun[k] {
-			acc |= uint64(c) << (8 * n)
-			n++
-			run++
-			i++
-			continue
-		}
-		if k != clsNone {
-			if cls == clsSpace && n == 1 && k != clsWS {
-				acc |= uint64(c) << 8
-				n, run, cls = 2, 1, k
-			} else {
-				if cls != clsNone {
-					dst = append(dst, pieceID(acc, n))
-				}
-				acc, n, run, cls = uint64(c), 1, 1, k
-			}
-			i++
-			continue
-		}
-		switch {
-		case c == '"':
-			if cls != clsNone {
-				dst = append(dst, pieceID(acc, n))
-			}
-			e.i = i + 1
-			e.dst = dst
-			return nil
-		case c == '\\':
-			e.i = i
-			r, w, err := e.escape()
-			if err != nil {
-				return err
-			}
-			i += w
-			t := tokState{acc: acc, n: n, run: run, cls: cls}
-			if r < utf8.RuneSelf {
-				dst = t.feed(dst, byte(r))
-			} else {
-				var enc [utf8.UTFMax]byte
-				for _, x := range enc[:utf8.EncodeRune(enc[:], r)] {
-					dst = t.feed(dst, x)
-				}
-			}
-			acc, n, run, cls = t.acc, t.n, t.run, t.cls
-		default:
-			e.i = i
-			return e.syntax("control character in string")
-		}
-	}
-	e.i = len(b)
-	return e.syntax("unterminated string")
 }
 
 // escape decodes the escape at e.i and returns its rune and length in bytes,

@@ -261,8 +261,23 @@ func TestExtractPromptDepthLimit(t *testing.T) {
 	if _, err := ExtractPrompt(nil, []byte(ok)); err != nil {
 		t.Fatalf("depth %d: err = %v, want nil", maxDepth, err)
 	}
+	// Every container the chat and fields paths enter is left again: the
+	// limit is where it is after them.
+	chat := `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{}]},{},{"content":[]}],` +
+		`"nvext":{"agent_hints":{"priority":1},"x":{}},"a":`
+	var f Fields
+	if _, err := Extract(nil, []byte(chat+strings.Repeat("[", maxDepth-1)+strings.Repeat("]", maxDepth-1)+`}`), &f); err != nil {
+		t.Fatalf("depth %d after chat and fields: err = %v, want nil", maxDepth, err)
+	}
+	if _, err := Extract(nil, []byte(chat+strings.Repeat("[", maxDepth)+strings.Repeat("]", maxDepth)+`}`), &f); !errors.Is(err, ErrSyntax) {
+		t.Fatalf("depth %d after chat and fields: err = %v, want ErrSyntax", maxDepth+1, err)
+	}
 }
 
+// FuzzExtractPrompt checks Extract against the references: the tokens
+// against refExtract (encoding/json and the byte-at-a-time Tokenize), the
+// fields (model, agent hints, priority spans) against refFields
+// (encoding/json), and that it fails exactly when one of them does.
 func FuzzExtractPrompt(f *testing.F) {
 	for _, s := range []string{
 		`{"prompt":"Hello, world!"}`,
@@ -273,21 +288,58 @@ func FuzzExtractPrompt(f *testing.F) {
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"x\u00e9"}]}],"stream":true}`,
 		`{"prompt":"\ud83d\ude00\ud800","prompt":null,"messages":[]}`,
 		`{"a":[1,{"b":null}],"prompt":[4294967295]}`,
+		`{"model":"m","priority":1,"prompt":"x","nvext":{"agent_hints":{"priority":-3,"latency_sensitivity":2,"strict_priority":1,"osl":9,"speculative_prefill":true}},"priority":[2]}`,
+		`{"nvext":{"agent_hints":{"priority":1}},"nvext":{"agent_hints":null},"model":"a\"b","prompt":[1]}`,
+		`{"prompt":"` + strings.Repeat("The quick brown fox jumps over the lazy dog. ", 8) + `"}`,
+		`{"prompt":"` + strings.Repeat("internationalization   1234567 ...!?  \n\t\u00e9x ", 6) + `"}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		got, err := ExtractPrompt(nil, body)
+		var fields Fields
+		got, err := Extract(nil, body, &fields)
 		if !utf8.Valid(body) {
 			// encoding/json rewrites invalid UTF-8; only check for panics.
 			return
 		}
 		ref, refErr := refExtract(body)
-		if (err == nil) != (refErr == nil) {
-			t.Fatalf("ExtractPrompt err = %v, reference err = %v", err, refErr)
+		refF, refFErr := refFields(body)
+		if (err == nil) != (refErr == nil && refFErr == nil) {
+			t.Fatalf("Extract err = %v, reference errors %v, %v", err, refErr, refFErr)
 		}
 		if err == nil && !slices.Equal(got, ref) {
 			t.Fatalf("tokens differ from reference: got %d, want %d", len(got), len(ref))
+		}
+		if (err == nil || errors.Is(err, ErrNoPrompt)) && !sameFields(fields, refF) {
+			t.Fatalf("fields %+v, reference %+v (%v)", fields, refF, refFErr)
+		}
+	})
+}
+
+// FuzzTokenizeString checks the string tokenizer's fast paths (a block of
+// 64 bytes, a piece at a time, a byte at a time around escapes) against
+// Tokenize on long strings, which random bodies seldom are: text repeated,
+// JSON-encoded with its escapes (encoding/json also escapes <, > and &).
+func FuzzTokenizeString(f *testing.F) {
+	f.Add("The quick brown fox jumps over the lazy dog. ", uint8(20))
+	f.Add("a  b   c    d     e      f\n", uint8(9))
+	f.Add("internationalization 12345678 ...,,,;;; <&> é日本😀\t", uint8(7))
+	f.Add("x\"y", uint8(70))
+	f.Fuzz(func(t *testing.T, text string, reps uint8) {
+		if !utf8.ValidString(text) {
+			return
+		}
+		long := strings.Repeat(text, 1+int(reps))
+		enc, err := json.Marshal(long)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ExtractPrompt(nil, []byte(`{"prompt":`+string(enc)+`}`))
+		if err != nil {
+			t.Fatalf("ExtractPrompt: %v", err)
+		}
+		if want := Tokenize(nil, long); !slices.Equal(got, want) {
+			t.Fatalf("%d tokens, Tokenize gives %d", len(got), len(want))
 		}
 	})
 }
@@ -382,5 +434,57 @@ func BenchmarkBlockHashes32k(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		dst = AppendBlockHashes(dst[:0], tokens, 16)
+	}
+}
+
+// TestTokStringBlockEdges drives the 64-byte block path across its edges:
+// runs longer than any piece, lone spaces and escapes at every offset of a
+// block, digits next to punctuation, and a block boundary inside each.
+func TestTokStringBlockEdges(t *testing.T) {
+	fills := []string{
+		"internationalization",
+		"a b  c   d    e     f      g",
+		"1234567890.,;:!?()[]{}<>=+-*/12.5e3",
+		"x\ny\tz\u00e9\U0001F600 q\"r\\s",
+		"     \n     ",
+	}
+	for _, fill := range fills {
+		for off := range 80 {
+			text := strings.Repeat("w", off) + " " + strings.Repeat(fill+" ", 12) + strings.Repeat("v", 80-off)
+			enc, _ := json.Marshal(text)
+			got, err := ExtractPrompt(nil, []byte(`{"prompt":`+string(enc)+`}`))
+			if err != nil {
+				t.Fatalf("fill %q offset %d: %v", fill, off, err)
+			}
+			if want := Tokenize(nil, text); !slices.Equal(got, want) {
+				t.Fatalf("fill %q offset %d: %d tokens, Tokenize gives %d", fill, off, len(got), len(want))
+			}
+		}
+	}
+	for off := range 80 {
+		body := `{"prompt":"` + strings.Repeat("word ", 30)[:off] + "\x01" + strings.Repeat("word ", 30) + `"}`
+		if _, err := ExtractPrompt(nil, []byte(body)); !errors.Is(err, ErrSyntax) {
+			t.Fatalf("control character at %d: err = %v, want ErrSyntax", off, err)
+		}
+	}
+}
+
+func TestPackHighs(t *testing.T) {
+	for _, lanes := range []uint8{0, 1, 0x80, 0xa5, 0xff, 0x3c} {
+		var w uint64
+		for j := range 8 {
+			if lanes>>j&1 != 0 {
+				w |= 0x80 << (8 * j)
+			}
+		}
+		if got := uint8(w * packHighs >> 56); got != lanes {
+			t.Errorf("packHighs of lanes %08b = %08b", lanes, got)
+		}
+	}
+	const w = 0x1122_3344_5566_7788
+	for n := range lenMask {
+		if got, want := uint32(fmix64(w&lenMask[n]^lenSeed[n])), pieceID(w&(1<<(8*n)-1), uint8(n)); got != want {
+			t.Errorf("lenSeed[%d]: id %#x, pieceID %#x", n, got, want)
+		}
 	}
 }
