@@ -44,6 +44,10 @@ type Options struct {
 	MaxNumBatchedTokens uint64
 	// EngineType is the model servers' engine: vllm, sglang or trtllm.
 	EngineType string
+	// ShutdownDelay is how long the picker keeps accepting new streams
+	// after SIGTERM, NotReady, so that endpoint controllers and gateways
+	// stop sending before it stops accepting.
+	ShutdownDelay time.Duration
 	// DrainTimeout bounds how long dispatched streams may finish after
 	// SIGTERM.
 	DrainTimeout time.Duration
@@ -128,6 +132,7 @@ func NewOptions() *Options {
 		SecureServing:       true,
 		MaxNumBatchedTokens: 8192,
 		EngineType:          "vllm",
+		ShutdownDelay:       5 * time.Second,
 		DrainTimeout:        30 * time.Second,
 		// No fallbacks by default: the header then holds one ip:port, which
 		// every gateway, plain Envoy's ORIGINAL_DST cluster included, can
@@ -163,7 +168,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CertPath, "cert-path", o.CertPath, "Folder holding tls.crt and tls.key for the ext_proc server.")
 	fs.Uint64Var(&o.MaxNumBatchedTokens, "max-num-batched-tokens", o.MaxNumBatchedTokens, "Default max_num_batched_tokens of a model server.")
 	fs.StringVar(&o.EngineType, "engine-type", o.EngineType, "Model-server engine: vllm, sglang or trtllm.")
-	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "After SIGTERM, how long dispatched streams may take to finish.")
+	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "After SIGTERM, how long the picker reports NotReady but keeps serving new streams, so that Services and gateways stop sending first (0: stop accepting at once).")
+	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "After SIGTERM and --shutdown-delay, how long dispatched streams may take to finish.")
 	fs.IntVar(&o.MaxFallbacks, "max-fallbacks", o.MaxFallbacks, "Fallback endpoints returned after the pick (ordered, comma-separated).")
 	fs.BoolVar(&o.HeaderPickOnly, "header-pick-only", o.HeaderPickOnly, "Put only the pick in the x-gateway-destination-endpoint header and the fallback list in the envoy.lb metadata (for plain Envoy with --max-fallbacks > 0).")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "Largest request body accepted (400 beyond it).")
@@ -222,6 +228,9 @@ func (o *Options) Validate() error {
 	}
 	if o.DrainTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--drain-timeout: %s is negative", o.DrainTimeout))
+	}
+	if o.ShutdownDelay < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-delay: %s is negative", o.ShutdownDelay))
 	}
 	errs = append(errs, o.validateKube()...)
 	errs = append(errs, o.Intel.validate()...)

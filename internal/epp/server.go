@@ -72,6 +72,9 @@ type Server struct {
 	// notServing is the handler gate's reason ("" = serving); it follows
 	// ready, and SetNotReady names why.
 	notServing atomic.Pointer[string]
+	// stopping is closed when the stop signal came (the start of the
+	// shutdown delay).
+	stopping chan struct{}
 }
 
 // Reasons a replica that is not ready gives its 503 answers.
@@ -84,7 +87,7 @@ const (
 // NewServer builds the picker from options and a compiled policy, and
 // binds its listeners (so the ports are known before Run).
 func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log logr.Logger) (*Server, error) {
-	s := &Server{opts: opts, log: log, reg: prometheus.NewRegistry()}
+	s := &Server{opts: opts, log: log, reg: prometheus.NewRegistry(), stopping: make(chan struct{})}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = metrics.New(s.reg, "")
 	s.status = status.NewTracker()
@@ -223,21 +226,27 @@ func (s *Server) setServing(ok bool) {
 	}
 }
 
-// Run serves until ctx ends, then drains. parts are the picker's other
+// Run serves until ctx ends, then shuts down. parts are the picker's other
 // long-running pieces: the controller manager in Kubernetes mode, the
-// policy file watcher standalone. They start once the servers serve, so a
-// replica answers (503 until it is ready) from its first moment, and are
-// told to stop when the drain begins, so that the manager releases its
-// Lease and a follower takes over while dispatched streams finish. The
-// server or a part stopping on its own (a part returns before ctx ends,
-// as the manager does when leadership is lost) begins the drain too, and
-// Run returns its error.
+// policy file watcher standalone. They start once the
+// servers serve, so a replica answers (503 until it is ready) from its
+// first moment, and are told to stop when the drain begins. The server or
+// a part stopping on its own (a part returns before ctx ends, as the
+// manager does when leadership is lost) begins the drain at once, and Run returns
+// its error.
 //
-// The drain: readiness and liveness go NOT_SERVING and SetReady no longer
-// opens; queued requests are answered 503 shutting_down; dispatched
-// streams get DrainTimeout to finish. Then Run waits for the parts, closes
-// the health, metrics and pprof servers and stops the dispatcher loop
-// last, so nothing a part still sends it goes to a stopped loop.
+// The shutdown (SPEC §15), when ctx ends:
+//
+//  1. Readiness goes NOT_SERVING and SetReady no longer opens it; Stopping
+//     closes; liveness stays SERVING and new streams are still served, for
+//     --shutdown-delay, the time Services and gateways take to stop
+//     sending here.
+//  2. The drain: liveness goes NOT_SERVING, the parts are told to stop,
+//     the listener closes (a new connection is refused), queued requests
+//     are answered 503 shutting_down and dispatched streams get
+//     DrainTimeout to finish. Then Run waits for the parts, closes the
+//     health, metrics and pprof servers and stops the dispatcher loop
+//     last, so nothing a part still sends it goes to a stopped loop.
 func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 	loopCtx, stopLoop := context.WithCancel(context.Background())
 	loopDone := make(chan struct{})
@@ -270,11 +279,22 @@ func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 		cause = "part stopped"
 	}
 
-	s.log.Info("draining", "timeout", s.opts.DrainTimeout, "cause", cause)
 	s.mu.Lock()
 	s.draining = true
 	s.setServing(false)
 	s.mu.Unlock()
+	close(s.stopping)
+	if d := s.opts.ShutdownDelay; cause == "stop signal" && d > 0 {
+		s.log.Info("shutting down: not ready, still serving new streams for the shutdown delay", "delay", d)
+		select {
+		case <-time.After(d):
+		case err := <-servers:
+			s.log.Error(err, "server stopped")
+			errs = append(errs, err)
+		}
+	}
+
+	s.log.Info("stopped accepting; draining", "timeout", s.opts.DrainTimeout, "cause", cause)
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_NOT_SERVING)
 	stopParts()
 	s.disp.Shutdown()
@@ -302,6 +322,10 @@ func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 	<-loopDone
 	return errors.Join(errs...)
 }
+
+// Stopping is closed once the shutdown began: at the stop signal, before
+// the shutdown delay, or when a server or part stopped on its own.
+func (s *Server) Stopping() <-chan struct{} { return s.stopping }
 
 // serve starts the servers on their listeners; the channel receives the
 // error of each one that stops other than by the drain.
