@@ -93,9 +93,14 @@ type KubeOptions struct {
 	// Kubeconfig is an explicit kubeconfig path; empty means controller-
 	// runtime's resolution ($KUBECONFIG, in-cluster, ~/.kube/config).
 	Kubeconfig string
-	// LeaderElection runs replicas active-passive on a Lease: only the
-	// leader is ready and serves.
+	// LeaderElection elects one replica on a Lease to hold the pool's one
+	// queue: every synced replica is ready, followers forward each stream
+	// to the leader (forward.go) and schedule locally when none is
+	// reachable.
 	LeaderElection bool
+	// LeaderTLSInsecure skips verifying the leader's certificate when a
+	// follower forwards to it over TLS (see leaderTLS).
+	LeaderTLSInsecure bool
 	// LeaseDuration, RenewDeadline and RetryPeriod tune the election. A
 	// killed leader is replaced within about LeaseDuration.
 	LeaseDuration time.Duration
@@ -183,7 +188,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&k.PoolNamespace, "pool-namespace", k.PoolNamespace, "Namespace of the InferencePool (default: $POD_NAMESPACE, else default).")
 	fs.StringVar(&k.PoolGroup, "pool-group", k.PoolGroup, "API group of the InferencePool.")
 	fs.StringVar(&k.Kubeconfig, "kubeconfig", k.Kubeconfig, "Kubeconfig file (default: $KUBECONFIG, in-cluster, then ~/.kube/config).")
-	fs.BoolVar(&k.LeaderElection, "ha-enable-leader-election", k.LeaderElection, "Run replicas active-passive: only the Lease holder is ready and serves; the others answer 503 not_leader.")
+	fs.BoolVar(&k.LeaderElection, "ha-enable-leader-election", k.LeaderElection, "Elect one replica on a Lease to hold the queue: every synced replica is ready; followers forward each stream to the leader, and schedule locally while no leader is reachable.")
+	fs.BoolVar(&k.LeaderTLSInsecure, "leader-tls-insecure", k.LeaderTLSInsecure, "With TLS and --cert-path, do not verify the leader's certificate when forwarding to it (without --cert-path the self-signed certificate is pinned through the Lease).")
 	fs.DurationVar(&k.LeaseDuration, "leader-election-lease-duration", k.LeaseDuration, "How long a follower waits before taking over a leader that stopped renewing.")
 	fs.DurationVar(&k.RenewDeadline, "leader-election-renew-deadline", k.RenewDeadline, "How long the leader retries renewing before it gives up leadership.")
 	fs.DurationVar(&k.RetryPeriod, "leader-election-retry-period", k.RetryPeriod, "How often candidates try to acquire or renew the Lease.")

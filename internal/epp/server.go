@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -52,8 +53,13 @@ type Server struct {
 	status  *status.Tracker // the status page's window
 	reg     *prometheus.Registry
 	intel   *intel
-	// ext is the ext_proc stream handler registered on grpcSrv.
-	ext *extproc.Server
+	// ext is the ext_proc stream handler; route, registered on grpcSrv,
+	// hands it each stream, or forwards the stream to the leader (HA).
+	ext   *extproc.Server
+	route router
+	// tlsCfg is the ext_proc server's TLS config (nil for plaintext); the
+	// leader link (forward.go) pins or trusts what it serves.
+	tlsCfg *tls.Config
 
 	grpcLn, healthLn, metricsLn net.Listener
 	grpcSrv, healthSrv          *grpc.Server
@@ -73,15 +79,18 @@ type Server struct {
 	// ready, and SetNotReady names why.
 	notServing atomic.Pointer[string]
 	// stopping is closed when the stop signal came (the start of the
-	// shutdown delay).
+	// shutdown delay): the elector releases the Lease then.
 	stopping chan struct{}
 }
 
 // Reasons a replica that is not ready gives its 503 answers.
 const (
 	ReasonNotReady     = "not_ready"
-	ReasonNotLeader    = "not_leader"
 	ReasonShuttingDown = "shutting_down"
+	// ReasonPolicyInvalid: Kubernetes mode found the pool's policy objects
+	// invalid and has never had a valid set to apply (docs/troubleshooting.md
+	// says why the replica does not serve with the default class instead).
+	ReasonPolicyInvalid = "policy_invalid"
 )
 
 // NewServer builds the picker from options and a compiled policy, and
@@ -112,6 +121,7 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 			return nil, err
 		}
 		creds = append(creds, grpc.Creds(credentials.NewTLS(cfg)))
+		s.tlsCfg = cfg
 	}
 	creds = append(creds, grpc.MaxRecvMsgSize(opts.MaxBodyBytes+(1<<20)))
 	creds = append(creds, TransportOptions()...)
@@ -124,7 +134,8 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 		Observer:       s.metrics,
 		HeaderPickOnly: opts.HeaderPickOnly,
 	})
-	s.ext.Register(s.grpcSrv)
+	s.route.local = s.ext
+	extprocv3.RegisterExternalProcessorServer(s.grpcSrv, &s.route)
 
 	s.health = health.NewServer()
 	s.healthSrv = grpc.NewServer()
@@ -204,7 +215,7 @@ func (s *Server) SetReady(ready bool) {
 }
 
 // SetNotReady makes readiness NOT_SERVING and answers new streams 503 with
-// reason (for example ReasonNotLeader on a follower).
+// reason (for example ReasonNotReady before the caches synced).
 func (s *Server) SetNotReady(reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -227,18 +238,19 @@ func (s *Server) setServing(ok bool) {
 }
 
 // Run serves until ctx ends, then shuts down. parts are the picker's other
-// long-running pieces: the controller manager in Kubernetes mode, the
-// policy file watcher standalone. They start once the
+// long-running pieces: the controller manager and the elector in
+// Kubernetes mode, the policy file watcher standalone. They start once the
 // servers serve, so a replica answers (503 until it is ready) from its
 // first moment, and are told to stop when the drain begins. The server or
 // a part stopping on its own (a part returns before ctx ends, as the
-// manager does when leadership is lost) begins the drain at once, and Run returns
+// manager does when it fails) begins the drain at once, and Run returns
 // its error.
 //
 // The shutdown (SPEC §15), when ctx ends:
 //
 //  1. Readiness goes NOT_SERVING and SetReady no longer opens it; Stopping
-//     closes; liveness stays SERVING and new streams are still served, for
+//     closes, so the elector releases the Lease and the next leader takes
+//     over; liveness stays SERVING and new streams are still served, for
 //     --shutdown-delay, the time Services and gateways take to stop
 //     sending here.
 //  2. The drain: liveness goes NOT_SERVING, the parts are told to stop,
@@ -257,7 +269,10 @@ func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 	s.setServing(s.ready)
 	s.mu.Unlock()
 
-	partsCtx, stopParts := context.WithCancel(ctx)
+	// The parts outlive the stop signal: the manager keeps the endpoints
+	// current through the shutdown delay, and the elector follows the
+	// Lease; the drain stops them.
+	partsCtx, stopParts := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopParts()
 	partErrs := make(chan error, len(parts))
 	for _, p := range parts {
