@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -138,6 +139,7 @@ func setupKube(cfg *rest.Config, mgr manager.Manager, srv *Server, opts *Options
 	if name == "" {
 		name, _ = os.Hostname()
 	}
+	name = strings.ReplaceAll(name, "_", "-") // '_' separates the identity's fields
 	identity := holderIdentity(name, advertiseAddr(srv.grpcLn.Addr()), identityTag(servingPin(opts, srv.tlsCfg)))
 	// Each request of the election is bounded: one that hangs (a
 	// partition) would stall a follower's campaign.
