@@ -59,7 +59,7 @@ const forwardedByKey = "x-laneway-forwarded-by"
 const (
 	routeLeader    = "leader"    // scheduled here, this replica holds the Lease
 	routeForwarded = "forwarded" // proxied to the leader
-	routeLocal     = "local"     // scheduled here: no reachable leader (unknown, stale, not connected) or forwarded to us
+	routeLocal     = "local"     // handled here: no reachable leader (unknown, stale, not connected), forwarded to us, or this replica's own 503 (not ready)
 	routeFallback  = "fallback"  // the leader failed or refused before answering; replayed and scheduled here
 )
 
@@ -109,7 +109,7 @@ func newForwarder(view leaderView, self string, local *extproc.Server, gate func
 	dialTo func(string) (*grpc.ClientConn, error), reg prometheus.Registerer, log logr.Logger) (*forwarder, error) {
 	routes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "laneway_ha_streams_total",
-		Help: "ext_proc streams by where they were scheduled: leader (here, holding the Lease), forwarded (to the leader), local (here, no reachable leader or forwarded to us), fallback (the leader failed or refused before answering).",
+		Help: "ext_proc streams by where they were handled: leader (here, holding the Lease), forwarded (to the leader), local (here: no reachable leader, forwarded to us, or this replica not ready), fallback (the leader failed or refused before answering; replayed here).",
 	}, []string{"route"})
 	for _, r := range []string{routeLeader, routeForwarded, routeLocal, routeFallback} {
 		routes.WithLabelValues(r)
