@@ -14,13 +14,18 @@
 //   - the policy controller validates the pool's policy objects together
 //     (pkg/policy), applies a valid set and keeps the last valid one in
 //     force otherwise;
-//   - the status writer, on the elected leader only, writes each object's
-//     Accepted condition and each class's pending count, only when they
-//     change and at most once per interval for the counts.
+//   - the status writer, on the elected leader only (the caller runs it:
+//     Controllers.StatusWriter), writes each object's Accepted condition
+//     and each class's pending count, only when they change and at most
+//     once per interval for the counts.
 //
 // The two controllers run on every replica (not only the leader), so a
 // follower's dispatcher already holds the endpoints and the policy when it
-// takes over.
+// takes over or schedules on its own, and keeps them while the API server
+// is unreachable. Controllers.PolicyApplied and Config.PolicyAccepted tell
+// the picker whether a valid policy was ever applied and whether the
+// objects are accepted now (readiness policy_invalid, the
+// laneway_policy_accepted gauge).
 //
 // The +kubebuilder:rbac markers in rbac.go are the picker's whole API
 // access; `make manifests` generates config/rbac/role.yaml from them.

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -101,6 +102,10 @@ type policyReconciler struct {
 	publish func(Verdict)
 	log     logr.Logger
 	synced  func()
+	// onApplied is called after every valid set handed over; accepted,
+	// when set, after every resync with the verdict.
+	onApplied func()
+	accepted  func(bool)
 
 	// Owned by the reconcile goroutine.
 	applied *policy.Config // nil until a set of objects was applied
@@ -125,12 +130,24 @@ func (r *policyReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (
 			return reconcile.Result{}, err
 		}
 		r.invalid = ""
+		r.onApplied()
 	} else if msg := check.Problems.Error(); msg != r.invalid {
 		r.invalid = msg
-		// An operator's mistake, not the picker's: Info, without the
-		// stack trace an Error carries; the conditions say it too.
-		r.log.Info("policy objects rejected; the last valid policy stays in force",
-			"pool", r.pool.Name, "problems", len(check.Problems), "error", msg)
+		if r.applied == nil {
+			// Nothing valid was ever read: the replica does not serve
+			// (503 policy_invalid) until the objects are fixed. An error,
+			// for whoever watches the logs.
+			r.log.Error(errors.New(msg), "policy objects rejected and no valid policy was ever applied: not ready (policy_invalid) until they are fixed",
+				"pool", r.pool.Name, "problems", len(check.Problems))
+		} else {
+			// An operator's mistake, not the picker's: Info, without the
+			// stack trace an Error carries; the conditions say it too.
+			r.log.Info("policy objects rejected; the last valid policy stays in force",
+				"pool", r.pool.Name, "problems", len(check.Problems), "error", msg)
+		}
+	}
+	if r.accepted != nil {
+		r.accepted(check.Config != nil)
 	}
 
 	// Conditions go out only now: Accepted=True means "in force".

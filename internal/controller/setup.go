@@ -62,20 +62,39 @@ type Config struct {
 	Dispatcher Dispatcher
 	// Log is the controllers' logger.
 	Log logr.Logger
+	// PolicyAccepted, when set, is called after every resync of the
+	// policy controller: true when the pool's policy objects are valid and
+	// in force, false when they were rejected (the last valid policy, or
+	// before any, the synthetic default, stays in force).
+	PolicyAccepted func(bool)
 }
 
 // Controllers are the registered controllers of one pool.
 type Controllers struct {
-	synced chan struct{}
+	synced  chan struct{}
+	applied chan struct{}
+	status  *statusWriter
 }
 
 // Synced is closed once both the endpoint set and the policy were read from
-// the (synced) cache and handed to the dispatcher: the picker can schedule.
+// the (synced) cache and the results handed to the dispatcher.
 func (c *Controllers) Synced() <-chan struct{} { return c.synced }
 
+// PolicyApplied is closed once a valid set of the pool's policy objects
+// (no objects at all is one: the synthetic default class) was handed to
+// the dispatcher. Until then the pool's objects were invalid from the
+// start, and the dispatcher holds the synthetic default only as a
+// placeholder.
+func (c *Controllers) PolicyApplied() <-chan struct{} { return c.applied }
+
+// StatusWriter is the runnable that writes the objects' status. Setup does
+// not add it to the manager: it must run on exactly one replica at a time,
+// the one whose queue the pending counts describe (the elected leader).
+func (c *Controllers) StatusWriter() manager.Runnable { return c.status }
+
 // Setup registers the endpoint and policy controllers (on every replica)
-// and the status writer (leader only) with mgr. mgr's cache must cover the
-// pool's namespace.
+// with mgr and builds the status writer (see StatusWriter). mgr's cache
+// must cover the pool's namespace.
 func Setup(mgr manager.Manager, cfg Config) (*Controllers, error) {
 	if cfg.Pool.Name == "" || cfg.Pool.Namespace == "" {
 		return nil, errors.New("controller setup: pool name and namespace are required")
@@ -83,7 +102,7 @@ func Setup(mgr manager.Manager, cfg Config) (*Controllers, error) {
 	if cfg.StatusInterval <= 0 {
 		return nil, fmt.Errorf("controller setup: status interval %s must be positive", cfg.StatusInterval)
 	}
-	c := &Controllers{synced: make(chan struct{})}
+	c := &Controllers{synced: make(chan struct{}), applied: make(chan struct{})}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { wg.Wait(); close(c.synced) }()
@@ -126,16 +145,17 @@ func Setup(mgr manager.Manager, cfg Config) (*Controllers, error) {
 	}
 
 	sw := newStatusWriter(mgr.GetClient(), cfg.Pool, cfg.StatusInterval, cfg.Dispatcher, log.WithName("status"))
-	if err := mgr.Add(sw); err != nil {
-		return nil, fmt.Errorf("set up the status writer: %w", err)
-	}
+	c.status = sw
+	var applied sync.Once
 	pr := &policyReconciler{
-		reader:  mgr.GetClient(),
-		pool:    cfg.Pool,
-		sink:    cfg.Dispatcher,
-		publish: sw.Publish,
-		log:     log.WithName("policy"),
-		synced:  once(),
+		reader:    mgr.GetClient(),
+		pool:      cfg.Pool,
+		sink:      cfg.Dispatcher,
+		publish:   sw.Publish,
+		log:       log.WithName("policy"),
+		synced:    once(),
+		onApplied: func() { applied.Do(func() { close(c.applied) }) },
+		accepted:  cfg.PolicyAccepted,
 	}
 	// Status writes do not change metadata.generation, so the writer's own
 	// updates do not come back as resyncs.

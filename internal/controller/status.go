@@ -24,8 +24,9 @@ type PendingSource interface {
 }
 
 // statusWriter publishes the policy controller's verdicts and the classes'
-// pending counts on the objects' status. It runs on the leader only (the
-// replica whose queue the counts describe) and writes an object only when
+// pending counts on the objects' status. It runs on one replica at a time,
+// the elected leader (the replica whose queue the counts describe; the
+// picker's elector runs it for each term), and writes an object only when
 // its status would change: at each new verdict, and every interval for the
 // pending counts.
 type statusWriter struct {
@@ -57,7 +58,9 @@ func (w *statusWriter) Publish(v Verdict) {
 }
 
 // NeedLeaderElection implements manager.LeaderElectionRunnable: followers
-// would write counts of a queue nobody uses.
+// would write counts of a queue nobody uses. (The picker runs its own
+// election and starts the writer per term; a manager that elects would
+// start it once elected.)
 func (w *statusWriter) NeedLeaderElection() bool { return true }
 
 // Start implements manager.Runnable.

@@ -3,11 +3,17 @@ package epp
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -23,27 +29,32 @@ import (
 // RunKube is the endpoint picker in Kubernetes mode: endpoints from the
 // pods of --pool-name, policy from the pool's PolicyClass and PolicyProfile
 // objects. It is ready once the caches synced and both were handed to the
-// dispatcher, and, with leader election, only while it holds the Lease; a
-// follower answers 503 not_leader. It returns when ctx ends and the drain
-// is over, or with an error when leadership is lost (the process should
-// exit and start again as a follower).
+// dispatcher, unless the policy objects were invalid from the start (503
+// policy_invalid until they are fixed). With leader election every ready
+// replica serves: the Lease holder schedules, the others forward each
+// stream to it and schedule locally while no leader is reachable
+// (forward.go). Losing the Lease demotes a leader to a follower; the
+// process does not exit. It returns when ctx ends and the shutdown is
+// over, or with an error when the controller manager failed.
 //
 // The pieces and their order: the Server serves first (an unsynced
-// replica answers 503 not_ready) and runs the controller manager as its
-// part. The manager starts its caches, then, once they synced, the
-// endpoint and policy controllers and the readiness gate (every replica),
-// and once elected the status writer (the Lease holder only). On SIGTERM
-// the Server begins its drain and stops the manager, which stops the gate
-// and controllers, then the status writer, then the caches, and releases
-// the Lease, while dispatched streams finish.
+// replica answers 503 not_ready) and runs the controller manager and,
+// with leader election, the elector as its parts. The manager starts its
+// caches, then, once they synced, the endpoint and policy controllers and
+// the readiness gate; without leader election the status writer too. The
+// elector campaigns once the controllers synced and runs the status
+// writer for each term it leads. On SIGTERM the Server reports NotReady
+// and the elector releases the Lease at once, both keep serving (and
+// forwarding to the next leader) for --shutdown-delay; then the Server
+// begins its drain and stops the manager, which stops the gate and
+// controllers, then the caches, while dispatched streams finish.
 //
-// The servers are not the manager's own runnables: controller-runtime
-// releases the Lease only once all of those returned (a follower would
-// wait out the drain), on lost leadership returns without waiting for them
-// (the drain would be cut short), and starts them only after every
-// informer created before Start synced (today there is none, but one
-// field index at setup would keep an unsynced replica from even saying
-// not_ready).
+// The servers are not the manager's own runnables: the manager would stop
+// them with its other runnables and, had it the election, would release
+// the Lease only once all of those returned, and exit on a lost Lease.
+// It also starts them only after every informer created before Start
+// synced (today there is none, but one field index at setup would keep an
+// unsynced replica from even saying not_ready).
 func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 	// client-go (leader election) logs through klog and controller-runtime
 	// through its own global; both go to the picker's logger.
@@ -68,32 +79,98 @@ func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	pool := controller.PoolRef{Group: opts.Kube.PoolGroup, NamespacedName: types.NamespacedName{Namespace: opts.Kube.PoolNamespace, Name: opts.Kube.PoolName}}
-	ctrls, err := controller.Setup(mgr, controller.Config{
-		Pool:                    pool,
-		DefaultMaxBatchedTokens: opts.MaxNumBatchedTokens,
-		StatusInterval:          opts.Kube.StatusInterval,
-		Dispatcher:              srv.Dispatcher(),
-		Log:                     log.WithName("controller"),
-	})
-	if err == nil {
-		err = mgr.Add(&readinessGate{srv: srv, synced: ctrls.Synced(), elected: mgr.Elected(), election: opts.Kube.LeaderElection, log: log})
-	}
+	parts, identity, err := setupKube(cfg, mgr, srv, opts, log)
 	if err != nil {
 		srv.closeListeners()
 		return err
 	}
 	grpcAddr, healthAddr, metricsAddr := srv.Addrs()
 	log.Info("endpoint picker serving (Kubernetes mode)", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr,
-		"tls", opts.SecureServing, "pool", pool.String(), "leaderElection", opts.Kube.LeaderElection)
-	return srv.Run(ctx, &managerPart{mgr: mgr, srv: srv, log: log})
+		"tls", opts.SecureServing, "pool", opts.Kube.PoolNamespace+"/"+opts.Kube.PoolName, "leaderElection", opts.Kube.LeaderElection, "identity", identity)
+	err = srv.Run(ctx, parts...)
+	if f := srv.route.fwd.Load(); f != nil {
+		f.close()
+	}
+	return err
+}
+
+// setupKube registers the controllers and the readiness gate with mgr and
+// returns the Server's parts, and with leader election this replica's
+// holder identity, with the forwarder installed on srv.
+func setupKube(cfg *rest.Config, mgr manager.Manager, srv *Server, opts *Options, log logr.Logger) ([]manager.Runnable, string, error) {
+	k := &opts.Kube
+	accepted := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "laneway_policy_accepted",
+		Help: "1 when the pool's PolicyClass and PolicyProfile objects are valid and in force, 0 when they were rejected (the last valid policy stays in force; with none ever valid the picker is not ready, reason policy_invalid).",
+	})
+	if err := srv.reg.Register(accepted); err != nil {
+		return nil, "", fmt.Errorf("register laneway_policy_accepted: %w", err)
+	}
+	pool := controller.PoolRef{Group: k.PoolGroup, NamespacedName: types.NamespacedName{Namespace: k.PoolNamespace, Name: k.PoolName}}
+	ctrls, err := controller.Setup(mgr, controller.Config{
+		Pool:                    pool,
+		DefaultMaxBatchedTokens: opts.MaxNumBatchedTokens,
+		StatusInterval:          k.StatusInterval,
+		Dispatcher:              srv.Dispatcher(),
+		Log:                     log.WithName("controller"),
+		PolicyAccepted: func(ok bool) {
+			if ok {
+				accepted.Set(1)
+			} else {
+				accepted.Set(0)
+			}
+		},
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	if err := mgr.Add(&readinessGate{srv: srv, synced: ctrls.Synced(), applied: ctrls.PolicyApplied(), log: log}); err != nil {
+		return nil, "", fmt.Errorf("add the readiness gate: %w", err)
+	}
+	parts := []manager.Runnable{&managerPart{mgr: mgr, srv: srv, log: log}}
+	if !k.LeaderElection {
+		if err := mgr.Add(ctrls.StatusWriter()); err != nil {
+			return nil, "", fmt.Errorf("add the status writer: %w", err)
+		}
+		return parts, "", nil
+	}
+
+	name := os.Getenv("POD_NAME")
+	if name == "" {
+		name, _ = os.Hostname()
+	}
+	name = strings.ReplaceAll(name, "_", "-") // '_' separates the identity's fields
+	identity := holderIdentity(name, advertiseAddr(srv.grpcLn.Addr()), identityTag(servingPin(opts, srv.tlsCfg)))
+	// Each request of the election is bounded: one that hangs (a
+	// partition) would stall a follower's campaign.
+	lcfg := rest.CopyConfig(cfg)
+	lcfg.Timeout = k.RenewDeadline
+	coord, err := coordinationv1client.NewForConfig(lcfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("leader election client: %w", err)
+	}
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: k.PoolNamespace, Name: LeaseName(k.PoolName)},
+		Client:     coord,
+		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
+	}
+	el, err := newElector(lock, identity, k, ctrls.Synced(), srv.Stopping(), ctrls.StatusWriter().Start, srv.reg, log.WithName("election"))
+	if err != nil {
+		return nil, "", fmt.Errorf("leader election: %w", err)
+	}
+	fwd, err := newForwarder(el, identity, srv.ext, srv.gate, leaderDialer(opts), srv.reg, log.WithName("forward"))
+	if err != nil {
+		return nil, "", err
+	}
+	srv.route.fwd.Store(fwd)
+	return append(parts, el), identity, nil
 }
 
 // managerPart runs the controller manager as a part of the Server. The
-// manager stops on its own only when leadership is lost (or it failed):
-// the replica then answers not_leader while it drains, and Run returns
-// the error so the process exits and restarts as a follower. Stopped by
-// the drain, it leaves the replica answering shutting_down.
+// manager stops on its own only when it failed: the replica then answers
+// not_ready while it drains, and Run returns the error so the process
+// exits. Stopped by the drain, it leaves the replica answering
+// shutting_down.
 type managerPart struct {
 	mgr manager.Manager
 	srv *Server
@@ -108,30 +185,31 @@ func (m *managerPart) Start(ctx context.Context) error {
 	}
 	reason := ReasonShuttingDown
 	if ctx.Err() == nil {
-		reason = ReasonNotLeader
+		reason = ReasonNotReady
 	}
 	m.srv.SetNotReady(reason)
 	return err
 }
 
-// readinessGate opens the handler gate once the controllers have synced and
-// this replica is the leader (at once without leader election). A synced
-// follower says not_leader, so the gateway knows to retry the leader. It
-// runs on every replica: the manager starts it, with the controllers, once
-// its caches synced, and stops it first. A gate that sees its stop late
-// (the manager does not wait for it once leadership is lost) cannot reopen
-// a draining Server: SetReady no longer opens then.
+// readinessGate opens the handler gate once the controllers have synced
+// and a valid policy is in force. A replica whose pool's policy objects
+// are invalid from the start stays not ready, answering 503
+// policy_invalid, until they are fixed: serving with the synthetic default
+// class instead would drop the operator's queueing, limits and shares
+// without a sign (docs/troubleshooting.md). It runs on every replica: the
+// manager starts it, with the controllers, once its caches synced, and
+// stops it first. A gate that sees its stop late cannot reopen a draining
+// Server: SetReady no longer opens then.
 type readinessGate struct {
 	srv             *Server
-	synced, elected <-chan struct{}
-	election        bool
+	synced, applied <-chan struct{}
 	log             logr.Logger
 }
 
 var _ manager.LeaderElectionRunnable = (*readinessGate)(nil)
 
 // NeedLeaderElection implements manager.LeaderElectionRunnable: the gate
-// runs on followers too, to say not_leader.
+// runs on every replica.
 func (g *readinessGate) NeedLeaderElection() bool { return false }
 
 // Start implements manager.Runnable. It returns once the gate is open, or
@@ -142,20 +220,22 @@ func (g *readinessGate) Start(ctx context.Context) error {
 	case <-ctx.Done():
 		return nil
 	}
-	if g.election {
-		g.srv.SetNotReady(ReasonNotLeader)
-		g.log.Info("caches synced; waiting to be elected leader")
-	}
 	select {
-	case <-g.elected:
-	case <-ctx.Done():
-		return nil
+	case <-g.applied:
+	default:
+		g.srv.SetNotReady(ReasonPolicyInvalid)
+		g.log.Info("caches synced, but the pool's policy objects are invalid: not ready (policy_invalid) until they are fixed")
+		select {
+		case <-g.applied:
+		case <-ctx.Done():
+			return nil
+		}
 	}
 	if ctx.Err() != nil {
 		return nil // both were ready: stopping wins
 	}
 	g.srv.SetReady(true)
-	g.log.Info("ready: caches synced, endpoints and policy loaded", "leader", g.election)
+	g.log.Info("ready: caches synced, endpoints and policy loaded")
 	return nil
 }
 
@@ -182,9 +262,10 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 
 // newManager builds the controller manager: cache scoped to the pool's
 // namespace, no metrics or probe server of its own (the picker serves
-// both), leader election on Lease laneway-epp-<pool> when enabled, and
-// --drain-timeout for its runnables to stop, so that the whole shutdown,
-// which the manager spends beside the Server's drain, fits in it.
+// both), no leader election (the elector runs its own, to demote rather
+// than exit on a lost Lease) and --drain-timeout for its runnables to stop,
+// so that the whole shutdown, which the manager spends beside the Server's
+// drain, fits in it.
 func newManager(cfg *rest.Config, opts *Options, log logr.Logger) (manager.Manager, error) {
 	k := &opts.Kube
 	scheme, err := controller.NewScheme()
@@ -198,17 +279,9 @@ func newManager(cfg *rest.Config, opts *Options, log logr.Logger) (manager.Manag
 			DefaultNamespaces: map[string]cache.Config{k.PoolNamespace: {}},
 			DefaultTransform:  cache.TransformStripManagedFields(),
 		},
-		Metrics:                       metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress:        "0",
-		LeaderElection:                k.LeaderElection,
-		LeaderElectionID:              LeaseName(k.PoolName),
-		LeaderElectionNamespace:       k.PoolNamespace,
-		LeaderElectionResourceLock:    "leases",
-		LeaderElectionReleaseOnCancel: true,
-		LeaseDuration:                 &k.LeaseDuration,
-		RenewDeadline:                 &k.RenewDeadline,
-		RetryPeriod:                   &k.RetryPeriod,
-		GracefulShutdownTimeout:       &opts.DrainTimeout,
+		Metrics:                 metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress:  "0",
+		GracefulShutdownTimeout: &opts.DrainTimeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create the controller manager for pool %s/%s: %w", k.PoolNamespace, k.PoolName, err)

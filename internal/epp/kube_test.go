@@ -110,7 +110,7 @@ func TestHandlerGate(t *testing.T) {
 	}{
 		{name: "no gate", gate: nil, wantReason: "no_endpoints", wantCalls: 1},
 		{name: "open gate", gate: func() string { return "" }, wantReason: "no_endpoints", wantCalls: 1},
-		{name: "follower", gate: func() string { return ReasonNotLeader }, wantReason: ReasonNotLeader},
+		{name: "invalid policy", gate: func() string { return ReasonPolicyInvalid }, wantReason: ReasonPolicyInvalid},
 		{name: "not synced", gate: func() string { return ReasonNotReady }, wantReason: ReasonNotReady},
 	}
 	for _, tt := range tests {
@@ -132,23 +132,25 @@ func TestHandlerGate(t *testing.T) {
 	}
 }
 
-// TestReadinessGate: the gate opens once the controllers synced and, with
-// leader election, once this replica leads; a synced follower answers
-// not_leader; a gate stopped first leaves the server as it was.
+// TestReadinessGate: the gate opens once the controllers synced and a
+// valid policy was applied; synced with the pool's policy objects invalid
+// from the start it says policy_invalid, and opens once a valid set
+// arrives; unsynced it stays not_ready; a gate stopped first leaves the
+// server as it was.
 func TestReadinessGate(t *testing.T) {
 	tests := []struct {
 		name             string
-		election         bool
-		synced, elected  bool
+		synced, applied  bool
+		applyLater       bool   // close applied after the gate logged awaitLog
 		awaitLog         string // logged before the gate blocks; "" when it does not block or blocks at once
 		stop             bool   // the gate waits: stop it
 		wantReason       string
 		wantReadyServing bool
 	}{
-		{name: "without election ready once synced", synced: true, elected: true, wantReason: "", wantReadyServing: true},
-		{name: "elected leader ready once synced", election: true, synced: true, elected: true, wantReason: "", wantReadyServing: true},
-		{name: "synced follower says not_leader", election: true, synced: true, awaitLog: "waiting to be elected leader", stop: true, wantReason: ReasonNotLeader},
-		{name: "unsynced stays not_ready", election: true, elected: true, stop: true, wantReason: ReasonNotReady},
+		{name: "ready once synced with a valid policy", synced: true, applied: true, wantReason: "", wantReadyServing: true},
+		{name: "invalid policy says policy_invalid", synced: true, awaitLog: "policy objects are invalid", stop: true, wantReason: ReasonPolicyInvalid},
+		{name: "a valid policy later opens the gate", synced: true, awaitLog: "policy objects are invalid", applyLater: true, wantReason: "", wantReadyServing: true},
+		{name: "unsynced stays not_ready", applied: true, stop: true, wantReason: ReasonNotReady},
 	}
 	closed := func(c bool) chan struct{} {
 		ch := make(chan struct{})
@@ -162,7 +164,8 @@ func TestReadinessGate(t *testing.T) {
 			s := newTestServer(t, nil)
 			logged := make(chan string, 4)
 			log := funcr.New(func(_, args string) { logged <- args }, funcr.Options{})
-			g := &readinessGate{srv: s, synced: closed(tt.synced), elected: closed(tt.elected), election: tt.election, log: log}
+			applied := closed(tt.applied)
+			g := &readinessGate{srv: s, synced: closed(tt.synced), applied: applied, log: log}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan error, 1)
@@ -171,6 +174,9 @@ func TestReadinessGate(t *testing.T) {
 				if l := <-logged; !strings.Contains(l, tt.awaitLog) {
 					t.Fatalf("gate logged %s, want %q", l, tt.awaitLog)
 				}
+			}
+			if tt.applyLater {
+				close(applied)
 			}
 			if tt.stop {
 				cancel()

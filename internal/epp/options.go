@@ -47,6 +47,10 @@ type Options struct {
 	MaxNumBatchedTokens uint64
 	// EngineType is the model servers' engine: vllm, sglang or trtllm.
 	EngineType string
+	// ShutdownDelay is how long the picker keeps accepting new streams
+	// after SIGTERM, NotReady, so that endpoint controllers and gateways
+	// stop sending before it stops accepting.
+	ShutdownDelay time.Duration
 	// DrainTimeout bounds how long dispatched streams may finish after
 	// SIGTERM.
 	DrainTimeout time.Duration
@@ -105,9 +109,14 @@ type KubeOptions struct {
 	// Kubeconfig is an explicit kubeconfig path; empty means controller-
 	// runtime's resolution ($KUBECONFIG, in-cluster, ~/.kube/config).
 	Kubeconfig string
-	// LeaderElection runs replicas active-passive on a Lease: only the
-	// leader is ready and serves.
+	// LeaderElection elects one replica on a Lease to hold the pool's one
+	// queue: every synced replica is ready, followers forward each stream
+	// to the leader (forward.go) and schedule locally when none is
+	// reachable.
 	LeaderElection bool
+	// LeaderTLSInsecure skips verifying the leader's certificate when a
+	// follower forwards to it over TLS (see leaderTLS).
+	LeaderTLSInsecure bool
 	// LeaseDuration, RenewDeadline and RetryPeriod tune the election. A
 	// killed leader is replaced within about LeaseDuration.
 	LeaseDuration time.Duration
@@ -144,6 +153,7 @@ func NewOptions() *Options {
 		SecureServing:       true,
 		MaxNumBatchedTokens: 8192,
 		EngineType:          "vllm",
+		ShutdownDelay:       5 * time.Second,
 		DrainTimeout:        30 * time.Second,
 		// No fallbacks by default: the header then holds one ip:port, which
 		// every gateway, plain Envoy's ORIGINAL_DST cluster included, can
@@ -180,7 +190,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CertPath, "cert-path", o.CertPath, "Folder holding tls.crt and tls.key for the ext_proc server.")
 	fs.Uint64Var(&o.MaxNumBatchedTokens, "max-num-batched-tokens", o.MaxNumBatchedTokens, "Default max_num_batched_tokens of a model server.")
 	fs.StringVar(&o.EngineType, "engine-type", o.EngineType, "Model-server engine: vllm, sglang or trtllm.")
-	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "After SIGTERM, how long dispatched streams may take to finish.")
+	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "After SIGTERM, how long the picker reports NotReady but keeps serving new streams, so that Services and gateways stop sending first (0: stop accepting at once).")
+	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "After SIGTERM and --shutdown-delay, how long dispatched streams may take to finish.")
 	fs.IntVar(&o.MaxFallbacks, "max-fallbacks", o.MaxFallbacks, "Fallback endpoints returned after the pick (ordered, comma-separated).")
 	fs.BoolVar(&o.HeaderPickOnly, "header-pick-only", o.HeaderPickOnly, "Put only the pick in the x-gateway-destination-endpoint header and the fallback list in the envoy.lb metadata (for plain Envoy with --max-fallbacks > 0).")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "Largest request body accepted (400 beyond it).")
@@ -197,7 +208,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&k.PoolNamespace, "pool-namespace", k.PoolNamespace, "Namespace of the InferencePool (default: $POD_NAMESPACE, else default).")
 	fs.StringVar(&k.PoolGroup, "pool-group", k.PoolGroup, "API group of the InferencePool.")
 	fs.StringVar(&k.Kubeconfig, "kubeconfig", k.Kubeconfig, "Kubeconfig file (default: $KUBECONFIG, in-cluster, then ~/.kube/config).")
-	fs.BoolVar(&k.LeaderElection, "ha-enable-leader-election", k.LeaderElection, "Run replicas active-passive: only the Lease holder is ready and serves; the others answer 503 not_leader.")
+	fs.BoolVar(&k.LeaderElection, "ha-enable-leader-election", k.LeaderElection, "Elect one replica on a Lease to hold the queue: every synced replica is ready; followers forward each stream to the leader, and schedule locally while no leader is reachable.")
+	fs.BoolVar(&k.LeaderTLSInsecure, "leader-tls-insecure", k.LeaderTLSInsecure, "With TLS and --cert-path, do not verify the leader's certificate when forwarding to it (without --cert-path the self-signed certificate is pinned through the Lease).")
 	fs.DurationVar(&k.LeaseDuration, "leader-election-lease-duration", k.LeaseDuration, "How long a follower waits before taking over a leader that stopped renewing.")
 	fs.DurationVar(&k.RenewDeadline, "leader-election-renew-deadline", k.RenewDeadline, "How long the leader retries renewing before it gives up leadership.")
 	fs.DurationVar(&k.RetryPeriod, "leader-election-retry-period", k.RetryPeriod, "How often candidates try to acquire or renew the Lease.")
@@ -264,6 +276,9 @@ func (o *Options) Validate() error {
 	}
 	if o.DrainTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--drain-timeout: %s is negative", o.DrainTimeout))
+	}
+	if o.ShutdownDelay < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-delay: %s is negative", o.ShutdownDelay))
 	}
 	errs = append(errs, o.validateKube()...)
 	errs = append(errs, o.Intel.validate()...)

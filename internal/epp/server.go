@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -52,8 +53,13 @@ type Server struct {
 	status  *status.Tracker // the status page's window
 	reg     *prometheus.Registry
 	intel   *intel
-	// ext is the ext_proc stream handler registered on grpcSrv.
-	ext *extproc.Server
+	// ext is the ext_proc stream handler; route, registered on grpcSrv,
+	// hands it each stream, or forwards the stream to the leader (HA).
+	ext   *extproc.Server
+	route router
+	// tlsCfg is the ext_proc server's TLS config (nil for plaintext); the
+	// leader link (forward.go) pins or trusts what it serves.
+	tlsCfg *tls.Config
 
 	grpcLn, healthLn, metricsLn net.Listener
 	grpcSrv, healthSrv          *grpc.Server
@@ -72,19 +78,25 @@ type Server struct {
 	// notServing is the handler gate's reason ("" = serving); it follows
 	// ready, and SetNotReady names why.
 	notServing atomic.Pointer[string]
+	// stopping is closed when the stop signal came (the start of the
+	// shutdown delay): the elector releases the Lease then.
+	stopping chan struct{}
 }
 
 // Reasons a replica that is not ready gives its 503 answers.
 const (
 	ReasonNotReady     = "not_ready"
-	ReasonNotLeader    = "not_leader"
 	ReasonShuttingDown = "shutting_down"
+	// ReasonPolicyInvalid: Kubernetes mode found the pool's policy objects
+	// invalid and has never had a valid set to apply (docs/troubleshooting.md
+	// says why the replica does not serve with the default class instead).
+	ReasonPolicyInvalid = "policy_invalid"
 )
 
 // NewServer builds the picker from options and a compiled policy, and
 // binds its listeners (so the ports are known before Run).
 func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log logr.Logger) (*Server, error) {
-	s := &Server{opts: opts, log: log, reg: prometheus.NewRegistry()}
+	s := &Server{opts: opts, log: log, reg: prometheus.NewRegistry(), stopping: make(chan struct{})}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = metrics.New(s.reg, "")
 	s.status = status.NewTracker()
@@ -109,6 +121,7 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 			return nil, err
 		}
 		creds = append(creds, grpc.Creds(credentials.NewTLS(cfg)))
+		s.tlsCfg = cfg
 	}
 	creds = append(creds, grpc.MaxRecvMsgSize(opts.MaxBodyBytes+(1<<20)))
 	creds = append(creds, TransportOptions()...)
@@ -129,7 +142,8 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 		ConformanceHooks: opts.ConformanceHooks,
 		RetryAfter:       opts.RetryAfter,
 	})
-	s.ext.Register(s.grpcSrv)
+	s.route.local = s.ext
+	extprocv3.RegisterExternalProcessorServer(s.grpcSrv, &s.route)
 	metrics.RegisterHeldBytes(s.reg, s.ext)
 
 	s.health = health.NewServer()
@@ -210,7 +224,7 @@ func (s *Server) SetReady(ready bool) {
 }
 
 // SetNotReady makes readiness NOT_SERVING and answers new streams 503 with
-// reason (for example ReasonNotLeader on a follower).
+// reason (for example ReasonNotReady before the caches synced).
 func (s *Server) SetNotReady(reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -232,21 +246,28 @@ func (s *Server) setServing(ok bool) {
 	}
 }
 
-// Run serves until ctx ends, then drains. parts are the picker's other
-// long-running pieces: the controller manager in Kubernetes mode, the
-// policy file watcher standalone. They start once the servers serve, so a
-// replica answers (503 until it is ready) from its first moment, and are
-// told to stop when the drain begins, so that the manager releases its
-// Lease and a follower takes over while dispatched streams finish. The
-// server or a part stopping on its own (a part returns before ctx ends,
-// as the manager does when leadership is lost) begins the drain too, and
-// Run returns its error.
+// Run serves until ctx ends, then shuts down. parts are the picker's other
+// long-running pieces: the controller manager and the elector in
+// Kubernetes mode, the policy file watcher standalone. They start once the
+// servers serve, so a replica answers (503 until it is ready) from its
+// first moment, and are told to stop when the drain begins. The server or
+// a part stopping on its own (a part returns before ctx ends, as the
+// manager does when it fails) begins the drain at once, and Run returns
+// its error.
 //
-// The drain: readiness and liveness go NOT_SERVING and SetReady no longer
-// opens; queued requests are answered 503 shutting_down; dispatched
-// streams get DrainTimeout to finish. Then Run waits for the parts, closes
-// the health, metrics and pprof servers and stops the dispatcher loop
-// last, so nothing a part still sends it goes to a stopped loop.
+// The shutdown (SPEC §15), when ctx ends:
+//
+//  1. Readiness goes NOT_SERVING and SetReady no longer opens it; Stopping
+//     closes, so the elector releases the Lease and the next leader takes
+//     over; liveness stays SERVING and new streams are still served, for
+//     --shutdown-delay, the time Services and gateways take to stop
+//     sending here.
+//  2. The drain: liveness goes NOT_SERVING, the parts are told to stop,
+//     the listener closes (a new connection is refused), queued requests
+//     are answered 503 shutting_down and dispatched streams get
+//     DrainTimeout to finish. Then Run waits for the parts, closes the
+//     health, metrics and pprof servers and stops the dispatcher loop
+//     last, so nothing a part still sends it goes to a stopped loop.
 func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 	loopCtx, stopLoop := context.WithCancel(context.Background())
 	loopDone := make(chan struct{})
@@ -257,7 +278,10 @@ func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 	s.setServing(s.ready)
 	s.mu.Unlock()
 
-	partsCtx, stopParts := context.WithCancel(ctx)
+	// The parts outlive the stop signal: the manager keeps the endpoints
+	// current through the shutdown delay, and the elector follows the
+	// Lease; the drain stops them.
+	partsCtx, stopParts := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopParts()
 	partErrs := make(chan error, len(parts))
 	for _, p := range parts {
@@ -279,11 +303,22 @@ func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 		cause = "part stopped"
 	}
 
-	s.log.Info("draining", "timeout", s.opts.DrainTimeout, "cause", cause)
 	s.mu.Lock()
 	s.draining = true
 	s.setServing(false)
 	s.mu.Unlock()
+	close(s.stopping)
+	if d := s.opts.ShutdownDelay; cause == "stop signal" && d > 0 {
+		s.log.Info("shutting down: not ready, still serving new streams for the shutdown delay", "delay", d)
+		select {
+		case <-time.After(d):
+		case err := <-servers:
+			s.log.Error(err, "server stopped")
+			errs = append(errs, err)
+		}
+	}
+
+	s.log.Info("stopped accepting; draining", "timeout", s.opts.DrainTimeout, "cause", cause)
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_NOT_SERVING)
 	stopParts()
 	s.disp.Shutdown()
@@ -311,6 +346,10 @@ func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 	<-loopDone
 	return errors.Join(errs...)
 }
+
+// Stopping is closed once the shutdown began: at the stop signal, before
+// the shutdown delay, or when a server or part stopped on its own.
+func (s *Server) Stopping() <-chan struct{} { return s.stopping }
 
 // serve starts the servers on their listeners; the channel receives the
 // error of each one that stops other than by the drain.

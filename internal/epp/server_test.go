@@ -27,6 +27,7 @@ func testOptions(configure func(*Options)) *Options {
 	o.GRPCPort, o.GRPCHealthPort, o.MetricsPort = 0, 0, 0
 	o.SecureServing = false
 	o.Intel.ScrapeMetrics = false
+	o.ShutdownDelay = 0
 	if configure != nil {
 		configure(o)
 	}

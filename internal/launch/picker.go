@@ -81,6 +81,10 @@ func (b Binaries) StartPicker(ctx context.Context, o PickerOptions) (*Picker, er
 		"--grpc-health-port=" + strconv.Itoa(o.Ports.Health),
 		"--metrics-port=" + strconv.Itoa(o.Ports.Metrics),
 		"--secure-serving=" + strconv.FormatBool(o.TLS),
+		// A picker on loopback has no endpoints controller to wait for
+		// after SIGTERM: stop accepting at once, as before the delay
+		// existed. A test of the delay passes its own in Args.
+		"--shutdown-delay=0",
 	}
 	if len(o.Endpoints) > 0 {
 		args = append(args, "--endpoints="+strings.Join(o.Endpoints, ","))

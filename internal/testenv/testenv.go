@@ -3,6 +3,7 @@ package testenv
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -79,36 +80,112 @@ func Scheme() (*runtime.Scheme, error) {
 // KUBEBUILDER_CONTROLPLANE_START_TIMEOUT still overrides it.
 const startTimeout = 3 * time.Minute
 
+// stopTimeout is how long each process may take to exit after SIGTERM
+// before it is killed. kube-apiserver with clients' watches open has been
+// seen to take over a minute to finish its graceful termination; neither
+// a suite's end nor an outage test needs it graceful.
+const stopTimeout = 10 * time.Second
+
+// Env is a running etcd and kube-apiserver, with the CRDs of CRDDirs
+// installed.
+type Env struct {
+	// Config reaches the API server as cluster admin.
+	Config *rest.Config
+
+	env     *envtest.Environment
+	certDir string // the API server's certificates and keys, kept across restarts
+}
+
 // Start starts etcd and kube-apiserver with the CRDs of CRDDirs installed
 // and established, and returns a rest.Config for it and a function that
 // stops both processes. It takes a few seconds; start it once per test
 // binary (TestMain) and share it.
 func Start() (*rest.Config, func() error, error) {
-	assets, err := AssetsDir()
+	e, err := StartEnv()
 	if err != nil {
 		return nil, nil, err
 	}
+	return e.Config, e.Stop, nil
+}
+
+// StartEnv is Start returning the Env, which can also stop and restart the
+// API server alone (StopAPIServer, StartAPIServer).
+func StartEnv() (*Env, error) {
+	assets, err := AssetsDir()
+	if err != nil {
+		return nil, err
+	}
 	dirs, err := CRDDirs()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
+	}
+	// A certificate directory of our own: envtest removes one it made
+	// itself when the API server stops, and a restarted server would then
+	// serve new certificates and sign with a new ServiceAccount key, so
+	// that no client of the old one could talk to it.
+	certDir, err := os.MkdirTemp("", "laneway-apiserver-")
+	if err != nil {
+		return nil, fmt.Errorf("envtest certificate dir: %w", err)
 	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    assets,
 		ControlPlaneStartTimeout: startTimeout,
-		ControlPlaneStopTimeout:  time.Minute,
+		ControlPlaneStopTimeout:  stopTimeout,
 		CRDDirectoryPaths:        dirs,
 		ErrorIfCRDPathMissing:    true,
 		// Waiting for the CRDs to be served has the same problem as the
 		// start (envtest's default is 10 s).
 		CRDInstallOptions: envtest.CRDInstallOptions{MaxTime: startTimeout},
 	}
+	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
 	if v := os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT"); v != "" {
 		env.ControlPlaneStartTimeout = 0 // envtest reads the variable itself
 	}
 	cfg, err := env.Start()
 	if err != nil {
 		_ = env.Stop()
-		return nil, nil, fmt.Errorf("start envtest (assets %s): %w", assets, err)
+		_ = os.RemoveAll(certDir)
+		return nil, fmt.Errorf("start envtest (assets %s): %w", assets, err)
 	}
-	return cfg, env.Stop, nil
+	return &Env{Config: cfg, env: env, certDir: certDir}, nil
+}
+
+// Stop stops the API server and etcd.
+func (e *Env) Stop() error {
+	err := e.env.Stop()
+	if rerr := os.RemoveAll(e.certDir); err == nil && rerr != nil {
+		err = fmt.Errorf("remove %s: %w", e.certDir, rerr)
+	}
+	return err
+}
+
+// StopAPIServer stops the kube-apiserver process (SIGTERM, SIGKILL after
+// stopTimeout) and returns once it has exited; etcd, and with it every
+// object, stays. Clients then get connection refused, as during a
+// control-plane outage.
+func (e *Env) StopAPIServer() error {
+	err := e.env.ControlPlane.APIServer.Stop()
+	if err == nil {
+		return nil
+	}
+	// envtest reports the kill as a failure to stop; the port tells
+	// whether the server is gone.
+	addr := e.env.ControlPlane.APIServer.SecureServing.ListenAddr.HostPort()
+	c, derr := net.DialTimeout("tcp", addr, time.Second)
+	if derr != nil {
+		return nil
+	}
+	c.Close()
+	return fmt.Errorf("stop kube-apiserver (%s still accepts connections): %w", addr, err)
+}
+
+// StartAPIServer starts the kube-apiserver again after StopAPIServer, on
+// the same address with the same certificates, client CA and
+// ServiceAccount signing key, and returns once it is healthy: Config and
+// every ServiceAccount token issued before work again.
+func (e *Env) StartAPIServer() error {
+	if err := e.env.ControlPlane.APIServer.Start(); err != nil {
+		return fmt.Errorf("restart kube-apiserver: %w", err)
+	}
+	return nil
 }

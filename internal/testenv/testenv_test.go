@@ -45,20 +45,23 @@ func TestAssetsDirMissing(t *testing.T) {
 }
 
 // TestStart starts the API server and creates one object of each installed
-// CRD: Laneway's and the upstream InferencePool.
+// CRD: Laneway's and the upstream InferencePool. Stopping the API server
+// alone makes calls fail; started again, it has the objects, and both the
+// admin config and a ServiceAccount token issued before still work.
 func TestStart(t *testing.T) {
 	if _, err := AssetsDir(); errors.Is(err, ErrNoAssets) {
 		t.Skip(err.Error())
 	}
-	cfg, stop, err := Start()
+	e, err := StartEnv()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := stop(); err != nil {
+		if err := e.Stop(); err != nil {
 			t.Errorf("stop: %v", err)
 		}
 	})
+	cfg := e.Config
 	scheme, err := Scheme()
 	if err != nil {
 		t.Fatal(err)
@@ -115,5 +118,25 @@ func TestStart(t *testing.T) {
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("%s: listing pods as the ServiceAccount = %v, want Forbidden", name, err)
 		}
+	}
+
+	if err := e.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), &got); err == nil {
+		t.Fatal("read the InferencePool with the API server stopped")
+	}
+	if err := e.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), &got); err != nil {
+		t.Fatalf("read back the InferencePool after the restart: %v", err)
+	}
+	cs, err := kubernetes.NewForConfig(saCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the ServiceAccount token after the restart: %v, want Forbidden (authenticated)", err)
 	}
 }

@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/laneway-dev/laneway/internal/extprocclient"
 	"github.com/laneway-dev/laneway/internal/launch"
@@ -150,5 +152,86 @@ func TestHealthServices(t *testing.T) {
 		if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("health %q: %v %v, want SERVING", name, r, err)
 		}
+	}
+}
+
+// TestShutdownDelay: after SIGTERM the picker reports NotReady at once but
+// keeps serving new streams for --shutdown-delay, so that the endpoints
+// controller and the gateways stop sending before it stops accepting: a
+// stream opened 2 s after SIGTERM, on a connection opened then, is routed
+// and completes. Once the delay is over the listener is closed: a new
+// stream is refused with gRPC Unavailable (connection refused), while a
+// stream dispatched before SIGTERM still plays to its end and the process
+// exits 0 within the drain.
+func TestShutdownDelay(t *testing.T) {
+	const delay = 4 * time.Second
+	launch.CheckGoroutines(t)
+	bs := startBackends(t, 1)
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Args: []string{"--shutdown-delay=" + delay.String()}})
+	c := p.Client(t, extprocclient.Options{})
+	early := mustStart(t, c, spec(tokens(32, 1)))
+	mustRoute(t, early)
+
+	hconn, err := grpc.NewClient(p.HealthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hconn.Close()
+	ctx := testCtx(t)
+	watch, err := healthpb.NewHealthClient(hconn).Watch(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := watch.Recv(); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("readiness before SIGTERM: %v %v", st, err)
+	}
+
+	stopped := p.Log.Await("stopped accepting")
+	t0 := time.Now()
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := watch.Recv(); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("readiness after SIGTERM: %v %v, want NOT_SERVING", st, err)
+	}
+	t.Logf("NotReady %v after SIGTERM", time.Since(t0).Round(time.Millisecond))
+
+	// 2 s into the delay a gateway that has not yet seen the endpoint
+	// change opens a connection and a stream: it is served.
+	time.Sleep(time.Until(t0.Add(2 * time.Second))) // the scenario's point in time, not a wait for an event
+	late := p.Client(t, extprocclient.Options{})
+	ex := mustStart(t, late, spec(tokens(32, 2)))
+	if got := mustRoute(t, ex); got != bs[0].addr {
+		t.Fatalf("stream 2 s after SIGTERM routed to %s, want %s", got, bs[0].addr)
+	}
+	if code, out := forward(t, ex, "/v1/completions", http.Header{}, 1024); code != http.StatusOK {
+		t.Fatalf("stream 2 s after SIGTERM: upstream status %d body %q", code, out)
+	}
+
+	// After the delay the picker stops accepting: a new connection is
+	// refused.
+	select {
+	case <-stopped:
+	case <-time.After(launch.EventTimeout):
+		t.Fatalf("picker did not stop accepting within %s of SIGTERM", launch.EventTimeout)
+	}
+	if since := time.Since(t0); since < delay {
+		t.Errorf("stopped accepting %v after SIGTERM, before the %v delay", since, delay)
+	}
+	refused := p.Client(t, extprocclient.Options{})
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if ex, err := refused.Start(rctx, spec(tokens(32, 3))); err == nil {
+		d := ex.Decision()
+		ex.Close()
+		t.Fatalf("stream after the delay answered %+v, want refused", d)
+	} else if status.Code(err) != codes.Unavailable {
+		t.Errorf("stream after the delay: %v, want gRPC Unavailable", err)
+	}
+
+	// The stream dispatched before SIGTERM finishes, and the picker exits 0.
+	completeStream(t, early)
+	if err := p.Wait(drainTimeout); err != nil {
+		t.Fatal(err)
 	}
 }

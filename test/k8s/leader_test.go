@@ -2,11 +2,13 @@ package k8s
 
 import (
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/internal/epp"
@@ -21,122 +23,104 @@ const (
 	retryPeriod   = 500 * time.Millisecond
 )
 
-// TestLeaderFailover: two replicas with leader election. Only the leader is
-// ready and schedules; the follower answers 503 not_leader. SIGKILL of the
-// leader (no Lease release) makes the follower ready and scheduling within
-// the lease duration plus the election's retry granularity.
+// TestLeaderFailover: two replicas with leader election, both ready and
+// serving. SIGKILL of the leader (no Lease release): the follower holds
+// the Lease within the lease duration plus the election's retry
+// granularity, and schedules. SIGTERM of that leader hands the Lease to
+// the next replica within about one retry period: it is released at once.
 func TestLeaderFailover(t *testing.T) {
 	e := newEnv(t, false)
 	e.createPool("pool", "llm")
 	a := e.addPod("a", podSpec{app: "llm", ready: true})
-	le := []string{
-		"--ha-enable-leader-election",
-		"--leader-election-lease-duration=" + leaseDuration.String(),
-		"--leader-election-renew-deadline=" + renewDeadline.String(),
-		"--leader-election-retry-period=" + retryPeriod.String(),
-	}
-	r1 := e.startEPP("epp-1", "pool", le...)
+	r1 := e.startEPP("epp-1", "pool", electionFlags()...)
 	r1.waitReady() // the first replica up takes the Lease
-	r2 := e.startEPP("epp-2", "pool", le...)
-	w2 := r2.watchReadiness()
-	r2.WaitLog(t, "waiting to be elected leader") // synced follower
-
-	leader, follower, wf := r1, r2, w2
-	holder := e.leaseHolder()
-	t.Logf("lease %s held by %s", epp.LeaseName("pool"), holder)
-
-	// The follower: not ready, answers 503 not_leader, but its caches and
-	// dispatcher are warm.
-	if st := health(t, follower); st != healthpb.HealthCheckResponse_NOT_SERVING {
-		t.Fatalf("follower readiness %v, want NOT_SERVING", st)
+	r2 := e.startEPP("epp-2", "pool", electionFlags()...)
+	r2.waitReady() // a synced follower is ready too
+	leader, follower := r1, r2
+	if h := e.leaseHolder(); h != leader.identity() {
+		t.Fatalf("Lease %s held by %q, want the first replica %q", epp.LeaseName("pool"), h, leader.identity())
 	}
-	ex := follower.start(ctx(t), request(""))
-	if d := ex.Decision(); d.Routed() || d.Immediate.Status != 503 || d.Immediate.Headers.Get("x-laneway-reason") != epp.ReasonNotLeader {
-		t.Fatalf("follower answered %+v, want 503 %s", d, epp.ReasonNotLeader)
-	}
-	_ = ex.Close()
+	t.Logf("lease %s held by %s", epp.LeaseName("pool"), leader.identity())
 	follower.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
+	serve(t, follower.start(ctx(t), request("")))
 	serve(t, leader.start(ctx(t), request("")))
 
 	t0 := time.Now()
 	leader.Kill()
-	ready := follower.waitStatus(wf, healthpb.HealthCheckResponse_SERVING, launch.DefaultReadyTimeout)
-	failover := ready.Sub(t0)
+	e.waitLease("held by the follower", func(l *coordinationv1.Lease) bool {
+		return ptr.Deref(l.Spec.HolderIdentity, "") == follower.identity()
+	})
+	failover := time.Since(t0)
 	// client-go renews every RetryPeriod and a candidate retries every
 	// RetryPeriod with up to 1.2× jitter: the follower sees the last renewal
 	// up to one jittered retry late, the Lease expires LeaseDuration after
 	// that, and is taken at the next retry (≤ LeaseDuration + 2.4 retries).
 	// The extra second is scheduling slack on a loaded 2-core machine.
 	bound := leaseDuration + 3*retryPeriod + time.Second
-	t.Logf("leader SIGKILLed: follower ready after %v (lease %v, retry %v, bound %v)",
+	t.Logf("leader SIGKILLed: the follower holds the Lease %v later (lease %v, retry %v, bound %v)",
 		failover.Round(time.Millisecond), leaseDuration, retryPeriod, bound)
 	if failover > bound {
 		t.Errorf("failover took %v, want within %v", failover, bound)
 	}
-	if h := e.leaseHolder(); h == holder {
-		t.Errorf("lease still held by the killed leader %s", h)
-	}
+	follower.Metrics.Await(t, 1, "laneway_ha_leader")
 	serve(t, follower.start(ctx(t), request("")))
 
-	// A leader stopped with SIGTERM releases the Lease as it drains: the
-	// next replica takes over at its next retry, not after a lease.
-	r3 := e.startEPP("epp-3", "pool", le...)
-	w3 := r3.watchReadiness()
-	r3.WaitLog(t, "waiting to be elected leader")
+	// A leader stopped with SIGTERM releases the Lease at once: the next
+	// replica takes over at its next retry, not after a lease.
+	r3 := e.startEPP("epp-3", "pool", electionFlags()...)
+	r3.waitReady()
 	t0 = time.Now()
-	if err := follower.Stop(stopGrace); err != nil {
-		t.Fatalf("leader shutdown: %v", err)
+	if err := follower.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
 	}
-	handover := r3.waitStatus(w3, healthpb.HealthCheckResponse_SERVING, launch.DefaultReadyTimeout).Sub(t0)
-	t.Logf("leader SIGTERMed: next replica ready after %v (drain and release, then its next retry)", handover.Round(time.Millisecond))
+	e.waitLease("held by the next replica", func(l *coordinationv1.Lease) bool {
+		return ptr.Deref(l.Spec.HolderIdentity, "") == r3.identity()
+	})
+	handover := time.Since(t0)
+	t.Logf("leader SIGTERMed: the next replica holds the Lease %v later (retry %v)", handover.Round(time.Millisecond), retryPeriod)
 	if handover >= leaseDuration {
 		t.Errorf("handover after SIGTERM took %v: the Lease was not released (lease %v)", handover, leaseDuration)
+	}
+	if err := follower.Wait(stopGrace); err != nil {
+		t.Fatalf("leader shutdown: %v", err)
 	}
 	serve(t, r3.start(ctx(t), request("")))
 }
 
-// TestDeposedLeaderStopsServing: a leader that can no longer renew its
-// Lease (here another holder took it) stops being ready within the renew
-// deadline and exits, to come back as a follower.
-func TestDeposedLeaderStopsServing(t *testing.T) {
+// TestDeposedLeaderFollows: a leader that can no longer renew its Lease
+// (here another holder took it) steps down within the renew deadline but
+// neither exits nor stops serving: a stream dispatched before plays to its
+// end, and new streams are scheduled here, since the new holder names no
+// address to forward to.
+func TestDeposedLeaderFollows(t *testing.T) {
 	e := newEnv(t, false)
 	e.createPool("pool", "llm")
-	e.addPod("a", podSpec{app: "llm", ready: true})
-	p := e.startEPP("epp", "pool",
-		"--ha-enable-leader-election",
-		"--leader-election-lease-duration="+leaseDuration.String(),
-		"--leader-election-renew-deadline="+renewDeadline.String(),
-		"--leader-election-retry-period="+retryPeriod.String())
-	w := p.watchReadiness()
-	p.waitStatus(w, healthpb.HealthCheckResponse_SERVING, launch.DefaultReadyTimeout)
-	p.ExpectFailure()
+	a := e.addPod("a", podSpec{app: "llm", ready: true})
+	p := e.startEPP("epp", "pool", electionFlags()...)
+	p.waitReady()
+	p.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
+	p.Metrics.Await(t, 1, "laneway_ha_leader")
+	held := p.start(ctx(t), request(""))
+	routed(t, held)
 
 	e.usurpLease("intruder")
 	t0 := time.Now()
-	// Not serving: NOT_SERVING, or the health stream ending with the
-	// process, whichever the watch sees first.
-	var lost time.Duration
-	for lost == 0 {
-		select {
-		case st, ok := <-w:
-			if !ok || st != healthpb.HealthCheckResponse_SERVING {
-				lost = time.Since(t0)
-			}
-		case <-time.After(launch.EventTimeout):
-			t.Fatalf("deposed leader still serving after %v", launch.EventTimeout)
-		}
+	bound := renewDeadline + 3*retryPeriod + time.Second
+	launch.WaitWithin(t, bound, func() string { return "the deposed leader still reports laneway_ha_leader 1" },
+		func() bool { return p.Metrics.Value(t, "laneway_ha_leader") == 0 })
+	t.Logf("deposed leader stepped down %v after the Lease was taken (renew deadline %v)", time.Since(t0).Round(time.Millisecond), renewDeadline)
+	p.WaitLog(t, "leader election lost")
+	if err := p.Exited(); err != nil {
+		t.Fatalf("deposed leader: %v", err)
 	}
-	t.Logf("deposed leader not ready after %v (renew deadline %v)", lost.Round(time.Millisecond), renewDeadline)
-	select {
-	case <-p.Done():
-	case <-time.After(launch.EventTimeout):
-		t.Fatalf("deposed leader still running after %v", launch.EventTimeout)
+	if st := health(t, p); st != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("deposed leader readiness %v, want SERVING", st)
 	}
-	if st := p.Cmd.ProcessState; st.Success() {
-		t.Errorf("deposed leader exited %v, want a failure status so it restarts", st)
-	}
-	if !strings.Contains(p.Log.String(), "leader election lost") {
-		t.Errorf("deposed leader did not log the lost election")
+	serve(t, held)
+	before := p.Metrics.Value(t, "laneway_ha_streams_total", "route", "local")
+	serve(t, p.start(ctx(t), request("")))
+	if after := p.Metrics.Value(t, "laneway_ha_streams_total", "route", "local"); after != before+1 {
+		t.Errorf("local streams %v -> %v, want +1: the stream was not scheduled here", before, after)
 	}
 }
 

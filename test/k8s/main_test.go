@@ -18,6 +18,9 @@ import (
 // Shared by every test: the API server (as cluster admin, for the test's
 // own writes) and the picker binary.
 var (
+	// cluster is the control plane; the outage test stops and restarts
+	// its API server.
+	cluster    *testenv.Env
 	adminCfg   *rest.Config
 	admin      client.Client
 	kube       kubernetes.Interface
@@ -47,7 +50,7 @@ func run(m *testing.M) int {
 		bins, err = launch.Build(dir, launch.RaceFromEnv(), launch.CmdEpp)
 		built <- err
 	}()
-	cfg, stop, err := testenv.Start()
+	cluster, err = testenv.StartEnv()
 	if errors.Is(err, testenv.ErrNoAssets) {
 		<-built
 		skipReason = err.Error()
@@ -59,7 +62,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer func() {
-		if err := stop(); err != nil {
+		if err := cluster.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "k8s suite: stop envtest:", err)
 		}
 	}()
@@ -72,12 +75,12 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "k8s suite:", err)
 		return 1
 	}
-	adminCfg = cfg
-	if admin, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+	adminCfg = cluster.Config
+	if admin, err = client.New(adminCfg, client.Options{Scheme: scheme}); err != nil {
 		fmt.Fprintln(os.Stderr, "k8s suite: admin client:", err)
 		return 1
 	}
-	if kube, err = kubernetes.NewForConfig(cfg); err != nil {
+	if kube, err = kubernetes.NewForConfig(adminCfg); err != nil {
 		fmt.Fprintln(os.Stderr, "k8s suite: clientset:", err)
 		return 1
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
@@ -283,4 +284,50 @@ func compact(xs []string) string {
 		b.WriteByte(x[0])
 	}
 	return b.String()
+}
+
+// TestInvalidPolicyAtStart: a picker whose pool's policy objects are
+// invalid when it starts has no valid policy to serve with. It does not
+// fall back to the synthetic default class (that would drop the
+// operator's queueing and limits without a sign): it stays not ready,
+// answers 503 policy_invalid, exports laneway_policy_accepted 0, logs the
+// problems as an error, and the objects get Accepted=False. Fixing them
+// makes it ready with the fixed policy.
+func TestInvalidPolicyAtStart(t *testing.T) {
+	e := newEnv(t, false)
+	e.createPool("pool", "llm")
+	e.addPod("a", podSpec{app: "llm", ready: true})
+	e.create(policyClass("gold", "pool", 100, nil))
+	dup := policyClass("dup", "pool", 100, nil)
+	dup.Spec.ClassName = "gold" // two classes named gold: the set is invalid
+	e.create(dup)
+	p := e.startEPP("epp", "pool")
+	w := p.watchReadiness()
+	for _, name := range []string{"dup", "gold"} { // both break the rule
+		e.waitClass(name, "rejected", accepted("False", v1alpha1.ReasonInvalid))
+	}
+	p.Metrics.Await(t, 0, "laneway_policy_accepted")
+	if st := health(t, p); st != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("readiness %v with invalid policy objects, want NOT_SERVING", st)
+	}
+	ex := p.start(ctx(t), request(""))
+	if d := ex.Decision(); d.Routed() || d.Immediate.Status != 503 || d.Immediate.Headers.Get("x-laneway-reason") != "policy_invalid" {
+		t.Fatalf("picker with invalid policy answered %+v, want 503 policy_invalid", d)
+	}
+	_ = ex.Close()
+	if l := p.WaitLog(t, "no valid policy was ever applied"); !strings.Contains(l, `"level":"error"`) || !strings.Contains(l, `\"gold\"`) {
+		t.Errorf("the rejection is not an error log naming the class: %s", l)
+	}
+
+	if err := admin.Delete(ctx(t), dup); err != nil {
+		t.Fatal(err)
+	}
+	p.waitStatus(w, healthpb.HealthCheckResponse_SERVING, launch.EventTimeout)
+	e.waitClass("gold", "accepted", accepted("True", "Accepted"))
+	p.Metrics.Await(t, 1, "laneway_policy_accepted")
+	before := p.Metrics.Value(t, "laneway_dispatches_total", "policy_class", "gold")
+	serve(t, p.start(ctx(t), request("")))
+	if after := p.Metrics.Value(t, "laneway_dispatches_total", "policy_class", "gold"); after != before+1 {
+		t.Errorf("dispatches of gold %v -> %v, want +1", before, after)
+	}
 }

@@ -1,0 +1,571 @@
+package epp
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/laneway-dev/laneway/internal/tlsutil"
+	"github.com/laneway-dev/laneway/pkg/extproc"
+)
+
+// router is the ext_proc service on the picker's gRPC server. Without
+// leader election (and until the elector is wired) every stream goes to
+// the local handler; with it, the forwarder decides per stream.
+type router struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	local *extproc.Server
+	fwd   atomic.Pointer[forwarder]
+}
+
+// Process implements extprocv3.ExternalProcessorServer.
+func (r *router) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	if f := r.fwd.Load(); f != nil {
+		return f.process(srv)
+	}
+	return r.local.Process(srv)
+}
+
+// forwardedByKey is the gRPC metadata a follower sets on a stream it
+// forwards: its holder identity. A replica never forwards such a stream
+// again (it schedules it here), so two replicas with crossed views of the
+// Lease cannot bounce a stream between them.
+const forwardedByKey = "x-laneway-forwarded-by"
+
+// Routes of laneway_ha_streams_total.
+const (
+	routeLeader    = "leader"    // scheduled here, this replica holds the Lease
+	routeForwarded = "forwarded" // proxied to the leader
+	routeLocal     = "local"     // handled here: no reachable leader (unknown, stale, not connected), forwarded to us, or this replica's own 503 (not ready)
+	routeFallback  = "fallback"  // the leader failed or refused before answering; replayed and scheduled here
+)
+
+// replayLimit bounds the request messages a follower keeps per forwarded
+// stream until the leader's first answer, to replay them locally when the
+// leader fails or refuses before answering. A larger request is still
+// forwarded, but a leader failure before its answer then ends the stream
+// with Unavailable instead of a local decision.
+const replayLimit = 1 << 20
+
+// leaderView is what the forwarder needs from the elector.
+type leaderView interface {
+	// leader returns the identity of a leader to forward to, "" when
+	// there is none (this replica leads: leading is true; or no fresh
+	// holder is known).
+	leader() (holder string, leading bool)
+}
+
+// forwarder is the follower side of HA: each ext_proc stream goes to the
+// leader as a transparent proxy, so the leader's one queue orders all of
+// the pool's requests; when no leader is reachable the stream is
+// scheduled here.
+type forwarder struct {
+	view   leaderView
+	self   string // this replica's holder identity
+	local  *extproc.Server
+	gate   func() string
+	dialTo func(holder string) (*grpc.ClientConn, error)
+	log    logr.Logger
+	routes *prometheus.CounterVec
+
+	mu  sync.Mutex
+	cur *leaderConn // the connection to the leader last forwarded to
+	bad string      // a holder that could not be dialled (logged once)
+}
+
+// leaderConn is a connection to one leader, closed once it is neither the
+// current leader's nor used by a stream.
+type leaderConn struct {
+	holder string
+	conn   *grpc.ClientConn
+	active int
+	stale  bool
+}
+
+func newForwarder(view leaderView, self string, local *extproc.Server, gate func() string,
+	dialTo func(string) (*grpc.ClientConn, error), reg prometheus.Registerer, log logr.Logger) (*forwarder, error) {
+	routes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "laneway_ha_streams_total",
+		Help: "ext_proc streams by where they were handled: leader (here, holding the Lease), forwarded (to the leader), local (here: no reachable leader, forwarded to us, or this replica not ready), fallback (the leader failed or refused before answering; replayed here).",
+	}, []string{"route"})
+	for _, r := range []string{routeLeader, routeForwarded, routeLocal, routeFallback} {
+		routes.WithLabelValues(r)
+	}
+	if err := reg.Register(routes); err != nil {
+		return nil, fmt.Errorf("register laneway_ha_streams_total: %w", err)
+	}
+	return &forwarder{view: view, self: self, local: local, gate: gate, dialTo: dialTo, log: log, routes: routes}, nil
+}
+
+// process routes one stream.
+func (f *forwarder) process(gw extprocv3.ExternalProcessor_ProcessServer) error {
+	holder, leading := f.view.leader()
+	switch {
+	case leading:
+		f.routes.WithLabelValues(routeLeader).Inc()
+		return f.local.Process(gw)
+	case holder == "" || f.gate() != "" || forwardedBy(gw.Context()) != "":
+		// A closed gate answers 503 with its reason from the local
+		// handler: a replica that must not schedule does not forward
+		// either.
+		f.routes.WithLabelValues(routeLocal).Inc()
+		return f.local.Process(gw)
+	}
+	lc := f.acquire(holder)
+	if lc == nil {
+		f.routes.WithLabelValues(routeLocal).Inc()
+		return f.local.Process(gw)
+	}
+	defer f.release(lc)
+	f.routes.WithLabelValues(routeForwarded).Inc()
+	return f.proxy(gw, lc)
+}
+
+func forwardedBy(ctx context.Context) string {
+	if v := metadata.ValueFromIncomingContext(ctx, forwardedByKey); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// acquire returns the connection to holder for one stream, or nil when it
+// is not connected yet (the stream is then scheduled here rather than made
+// to wait for a dial that may not succeed; the connection is asked to
+// connect for the next one).
+func (f *forwarder) acquire(holder string) *leaderConn {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cur == nil || f.cur.holder != holder {
+		if holder == f.bad {
+			return nil
+		}
+		if f.cur != nil {
+			f.cur.stale = true
+			f.closeIfIdle(f.cur)
+		}
+		f.cur = nil
+		conn, err := f.dialTo(holder)
+		if err != nil {
+			f.bad = holder
+			f.log.Error(err, "cannot forward to the leader; scheduling here while it leads", "leader", holder)
+			return nil
+		}
+		f.cur = &leaderConn{holder: holder, conn: conn}
+		f.log.Info("forwarding streams to the leader", "leader", holder)
+	}
+	lc := f.cur
+	if st := lc.conn.GetState(); st != connectivity.Ready {
+		lc.conn.Connect()
+		return nil
+	}
+	lc.active++
+	return lc
+}
+
+func (f *forwarder) release(lc *leaderConn) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	lc.active--
+	f.closeIfIdle(lc)
+}
+
+func (f *forwarder) closeIfIdle(lc *leaderConn) {
+	if lc.stale && lc.active == 0 {
+		_ = lc.conn.Close()
+	}
+}
+
+// close closes the current connection (the streams on it are over).
+func (f *forwarder) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cur != nil {
+		f.cur.stale = true
+		f.closeIfIdle(f.cur)
+		f.cur = nil
+	}
+}
+
+// proxy plays one stream through the leader: the gateway's messages go
+// up, the leader's answers come down, unchanged. Until the leader's first
+// answer the gateway's messages are kept (up to replayLimit), so that a
+// leader that fails, or refuses with a replica-local 503 (not_ready,
+// policy_invalid, shutting_down), before answering costs nothing: the
+// stream is replayed into the local handler.
+func (f *forwarder) proxy(gw extprocv3.ExternalProcessor_ProcessServer, lc *leaderConn) error {
+	ctx, cancel := context.WithCancel(gw.Context())
+	defer cancel()
+	upCtx := metadata.AppendToOutgoingContext(ctx, forwardedByKey, f.self)
+	p := &pump{gw: gw, kept: true, rest: make(chan recvResult)}
+	up, err := extprocv3.NewExternalProcessorClient(lc.conn).Process(upCtx)
+	if err != nil {
+		p.broken.Store(true)
+		go p.run(cancel)
+		return f.fallback(gw, lc, p, err)
+	}
+	p.up = up
+	go p.run(cancel)
+	first := true
+	for {
+		resp, err := up.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil // the leader ended the stream: so does the gateway's
+		}
+		if err != nil {
+			if gw.Context().Err() != nil {
+				return gw.Context().Err() // the gateway went away first
+			}
+			if first {
+				if replay, ok := p.divert(); ok {
+					cancel()
+					return f.replay(gw, lc, replay, err)
+				}
+			}
+			return err // the leader's status, or Unavailable for a broken link
+		}
+		if first {
+			if reason := localRefusal(resp); reason != "" {
+				if replay, ok := p.divert(); ok {
+					cancel()
+					return f.replay(gw, lc, replay, fmt.Errorf("leader answered 503 %s", reason))
+				}
+			}
+			first = false
+			p.commit()
+		}
+		if err := gw.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+// fallback replays a stream whose upstream could not even be opened.
+func (f *forwarder) fallback(gw extprocv3.ExternalProcessor_ProcessServer, lc *leaderConn, p *pump, cause error) error {
+	replay, _ := p.divert() // nothing was sent up: everything is kept
+	return f.replay(gw, lc, replay, cause)
+}
+
+func (f *forwarder) replay(gw extprocv3.ExternalProcessor_ProcessServer, lc *leaderConn, rs *replayStream, cause error) error {
+	f.routes.WithLabelValues(routeFallback).Inc()
+	f.log.V(3).Info("leader did not answer; scheduling the stream here", "leader", lc.holder, "error", cause.Error())
+	rs.ExternalProcessor_ProcessServer = gw
+	return f.local.Process(rs)
+}
+
+// localRefusal returns the reason of a leader's answer that says only that
+// the leader cannot schedule now (503 not_ready, policy_invalid or
+// shutting_down), "" for any other answer, which goes to the gateway.
+func localRefusal(resp *extprocv3.ProcessingResponse) string {
+	ir := resp.GetImmediateResponse()
+	if ir == nil || ir.GetStatus().GetCode() != typev3.StatusCode_ServiceUnavailable {
+		return ""
+	}
+	for _, h := range ir.GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() != "x-laneway-reason" {
+			continue
+		}
+		v := h.GetHeader().GetValue()
+		if v == "" {
+			v = string(h.GetHeader().GetRawValue())
+		}
+		switch v {
+		case ReasonNotReady, ReasonPolicyInvalid, ReasonShuttingDown:
+			return v
+		}
+	}
+	return ""
+}
+
+// recvResult is one Recv from the gateway.
+type recvResult struct {
+	m   *extprocv3.ProcessingRequest
+	err error
+}
+
+// pump copies the gateway's messages to the leader on its own goroutine
+// (the two directions must not wait on each other: each side's flow
+// control would block the other). Until commit it also keeps them; after
+// divert it hands every further message to the local handler instead.
+type pump struct {
+	gw     extprocv3.ExternalProcessor_ProcessServer
+	up     extprocv3.ExternalProcessor_ProcessClient
+	broken atomic.Bool // the upstream failed: stop sending to it
+	rest   chan recvResult
+
+	mu       sync.Mutex
+	kept     bool // replay holds every message so far
+	replay   []*extprocv3.ProcessingRequest
+	size     int
+	end      error // the gateway's last Recv error, once it came
+	diverted bool
+}
+
+func (p *pump) run(cancel context.CancelFunc) {
+	for {
+		m, err := p.gw.Recv()
+		p.mu.Lock()
+		if p.diverted {
+			p.mu.Unlock()
+			select {
+			case p.rest <- recvResult{m, err}:
+			case <-p.gw.Context().Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+			continue
+		}
+		if err != nil {
+			p.end = err
+		} else if p.kept {
+			if p.size += proto.Size(m); p.size > replayLimit {
+				p.kept, p.replay = false, nil
+			} else {
+				p.replay = append(p.replay, m)
+			}
+		}
+		p.mu.Unlock()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				if !p.broken.Load() {
+					_ = p.up.CloseSend()
+				}
+			} else {
+				cancel() // the gateway went away: so does the upstream
+			}
+			return
+		}
+		if !p.broken.Load() {
+			if err := p.up.Send(m); err != nil {
+				p.broken.Store(true) // the receive side learns why
+			}
+		}
+	}
+}
+
+// commit drops the kept messages: the leader answered, there is no going
+// back.
+func (p *pump) commit() {
+	p.mu.Lock()
+	p.kept, p.replay = false, nil
+	p.mu.Unlock()
+}
+
+// divert turns the stream over to the local handler, when every message
+// so far was kept: the returned stream replays them, then goes on with the
+// gateway's.
+func (p *pump) divert() (*replayStream, bool) {
+	p.broken.Store(true)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.kept {
+		return nil, false
+	}
+	p.diverted = true
+	rs := &replayStream{msgs: p.replay, end: p.end, rest: p.rest}
+	p.kept, p.replay = false, nil
+	return rs, true
+}
+
+// replayStream is the gateway's stream as the local handler sees it after
+// a fallback: the kept messages first, then the rest as they come.
+type replayStream struct {
+	extprocv3.ExternalProcessor_ProcessServer
+	msgs []*extprocv3.ProcessingRequest
+	end  error
+	rest <-chan recvResult
+}
+
+// Recv implements extprocv3.ExternalProcessor_ProcessServer.
+func (r *replayStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	if len(r.msgs) > 0 {
+		m := r.msgs[0]
+		r.msgs[0] = nil
+		r.msgs = r.msgs[1:]
+		return m, nil
+	}
+	if r.end != nil {
+		return nil, r.end
+	}
+	select {
+	case res := <-r.rest:
+		if res.err != nil {
+			r.end = res.err
+		}
+		return res.m, res.err
+	case <-r.Context().Done():
+		r.end = r.Context().Err()
+		return nil, r.end
+	}
+}
+
+// leaderDialer returns the function that connects to a leader named by
+// its holder identity, over the transport the gateways use: plaintext, or
+// TLS verified as leaderTLS says.
+func leaderDialer(opts *Options) func(holder string) (*grpc.ClientConn, error) {
+	return func(holder string) (*grpc.ClientConn, error) {
+		addr, tag, ok := parseHolder(holder)
+		if !ok {
+			return nil, fmt.Errorf("lease holder %q names no address", holder)
+		}
+		creds := insecure.NewCredentials()
+		if opts.SecureServing {
+			cfg, err := leaderTLS(opts, tag)
+			if err != nil {
+				return nil, err
+			}
+			creds = credentials.NewTLS(cfg)
+		}
+		conn, err := grpc.NewClient(addr,
+			grpc.WithTransportCredentials(creds),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxBodyBytes+(1<<20)), grpc.MaxCallSendMsgSize(opts.MaxBodyBytes+(1<<20))),
+			// The leader's enforcement allows pings every 5 s, also without
+			// streams: a dead leader is noticed within about 15 s even on
+			// an idle link, and streams go local meanwhile only once the
+			// connection is down.
+			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+			grpc.WithIdleTimeout(0),
+			grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(1<<24),
+		)
+		if err != nil {
+			return nil, fmt.Errorf("connect to the leader at %s: %w", addr, err)
+		}
+		conn.Connect()
+		return conn, nil
+	}
+}
+
+// leaderTLS is the TLS client config of the leader link. The leader serves
+// what the gateways see, so the follower trusts it as follows:
+//
+//   - --leader-tls-insecure: no verification;
+//   - without --cert-path the leader's certificate is self-signed, made at
+//     its start; its holder identity on the Lease carries the
+//     certificate's SHA-256 pin (tag), and only that certificate is
+//     accepted. The Lease is as trusted as the picker's RBAC makes it;
+//   - with --cert-path every replica mounts the same Secret: the chain must
+//     verify against its ca.crt when the folder has one, else against the
+//     certificate in tls.crt itself. The host name is not checked (the
+//     leader is dialled by pod IP, which a Service's certificate does not
+//     name), so the CA should be one that signs only the picker's
+//     certificates.
+func leaderTLS(opts *Options, tag string) (*tls.Config, error) {
+	cfg := tlsutil.ClientConfig(true)
+	switch {
+	case opts.Kube.LeaderTLSInsecure:
+		return cfg, nil
+	case opts.CertPath == "":
+		if !isPin(tag) {
+			return nil, fmt.Errorf("the leader's identity carries no certificate pin (%q): is it serving with --cert-path while this replica is not?", tag)
+		}
+		cfg.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 || certPin(raw[0]) != tag {
+				return errors.New("the leader's certificate does not match the pin on the Lease")
+			}
+			return nil
+		}
+		return cfg, nil
+	}
+	roots, err := leaderRoots(opts.CertPath)
+	if err != nil {
+		return nil, err
+	}
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("the leader sent no certificate")
+		}
+		inter := x509.NewCertPool()
+		for _, c := range cs.PeerCertificates[1:] {
+			inter.AddCert(c)
+		}
+		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+		if err != nil {
+			return fmt.Errorf("verify the leader's certificate against --cert-path: %w", err)
+		}
+		return nil
+	}
+	return cfg, nil
+}
+
+// leaderRoots reads the CA the leader link trusts from the --cert-path
+// folder: ca.crt when there is one, else tls.crt.
+func leaderRoots(dir string) (*x509.CertPool, error) {
+	path := filepath.Join(dir, "ca.crt")
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		path = filepath.Join(dir, tlsutil.CertFile)
+		data, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--cert-path: read the leader link's CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	n := 0
+	for rest := data; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		if c, err := x509.ParseCertificate(b.Bytes); err == nil {
+			pool.AddCert(c)
+			n++
+		}
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("--cert-path: %s holds no certificate", path)
+	}
+	return pool, nil
+}
+
+// certPin is the pin of a DER certificate: the first 16 bytes of its
+// SHA-256, in hex.
+func certPin(der []byte) string {
+	sum := sha256.Sum256(der)
+	return hex.EncodeToString(sum[:16])
+}
+
+func isPin(tag string) bool {
+	if len(tag) != 32 {
+		return false
+	}
+	_, err := hex.DecodeString(tag)
+	return err == nil
+}
+
+// servingPin returns the pin of the self-signed certificate the server
+// serves, "" when it serves plaintext or a mounted certificate (which can
+// change while the identity cannot).
+func servingPin(opts *Options, serving *tls.Config) string {
+	if serving == nil || opts.CertPath != "" || serving.GetCertificate == nil {
+		return ""
+	}
+	c, err := serving.GetCertificate(&tls.ClientHelloInfo{})
+	if err != nil || c == nil || len(c.Certificate) == 0 {
+		return ""
+	}
+	return certPin(c.Certificate[0])
+}
