@@ -174,7 +174,7 @@ type elector struct {
 func newElector(lock resourcelock.Interface, identity string, k *KubeOptions, synced, stopping <-chan struct{},
 	lead func(context.Context) error, reg prometheus.Registerer, log logr.Logger) (*elector, error) {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "laneway_ha_leader",
+		Name: MetricHALeader,
 		Help: "1 while this replica holds the pool's leader-election Lease (its queue is the pool's), else 0.",
 	})
 	if err := reg.Register(g); err != nil {

@@ -55,6 +55,12 @@ func (r *router) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 // Lease cannot bounce a stream between them.
 const forwardedByKey = "x-laneway-forwarded-by"
 
+// The HA series, registered only with --ha-enable-leader-election.
+const (
+	MetricHALeader  = "laneway_ha_leader"
+	MetricHAStreams = "laneway_ha_streams_total"
+)
+
 // Routes of laneway_ha_streams_total.
 const (
 	routeLeader    = "leader"    // scheduled here, this replica holds the Lease
@@ -108,7 +114,7 @@ type leaderConn struct {
 func newForwarder(view leaderView, self string, local *extproc.Server, gate func() string,
 	dialTo func(string) (*grpc.ClientConn, error), reg prometheus.Registerer, log logr.Logger) (*forwarder, error) {
 	routes := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "laneway_ha_streams_total",
+		Name: MetricHAStreams,
 		Help: "ext_proc streams by where they were handled: leader (here, holding the Lease), forwarded (to the leader), local (here: no reachable leader, forwarded to us, or this replica not ready), fallback (the leader failed or refused before answering; replayed here).",
 	}, []string{"route"})
 	for _, r := range []string{routeLeader, routeForwarded, routeLocal, routeFallback} {

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
+	"github.com/laneway-dev/laneway/internal/epp"
 	"github.com/laneway-dev/laneway/internal/metrics"
 	"github.com/laneway-dev/laneway/internal/status"
 	"github.com/laneway-dev/laneway/pkg/policy"
@@ -641,8 +642,8 @@ func TestChartDashboard(t *testing.T) {
 	}
 }
 
-// registeredMetrics returns the metric names internal/metrics and the status
-// window (internal/status) register,
+// registeredMetrics returns the metric names internal/metrics, the status
+// window (internal/status) and the HA router (internal/epp) register,
 // read from the collectors' descriptions (no sample needs to exist).
 func registeredMetrics(t testing.TB) map[string]bool {
 	t.Helper()
@@ -651,6 +652,8 @@ func registeredMetrics(t testing.TB) map[string]bool {
 	// The status window's gauges, which show a sample only once two
 	// tenants were backlogged.
 	_ = r.Register(status.Collector{T: status.NewTracker()})
+	// The HA series exist only with leader election.
+	r.names[epp.MetricHALeader], r.names[epp.MetricHAStreams] = true, true
 	if len(r.names) == 0 {
 		t.Fatal("internal/metrics registered nothing")
 	}
