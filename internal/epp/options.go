@@ -22,6 +22,11 @@ const (
 	DefaultMetricsPort    = 9090
 )
 
+// DefaultPprofBind is where pprof listens unless --pprof-bind says
+// otherwise: the IPv4 loopback address, which every pod has (the name
+// localhost would depend on the image's hosts file).
+const DefaultPprofBind = "127.0.0.1"
+
 // Options are the endpoint picker's settings. AddFlags binds them to
 // flags; Complete fills derived values; Validate checks them.
 type Options struct {
@@ -39,6 +44,10 @@ type Options struct {
 	SecureServing bool
 	// CertPath is a folder with tls.crt and tls.key.
 	CertPath string
+	// ClientCA, when set, is a PEM bundle: the ext_proc server then
+	// requires every client (gateway) to present a certificate that
+	// verifies against it (mutual TLS). Reloaded when the file changes.
+	ClientCA string
 	// MaxNumBatchedTokens is the default max_num_batched_tokens of an
 	// endpoint, used by prefill_busy_threshold_frac.
 	MaxNumBatchedTokens uint64
@@ -60,9 +69,13 @@ type Options struct {
 	PolicyPollInterval time.Duration
 	// Verbosity is the log level (-v): 2 default, 3 verbose, 4 debug, 5 trace.
 	Verbosity int
-	// PprofPort, when > 0, serves net/http/pprof on BindAddress:PprofPort.
+	// PprofPort, when > 0, serves net/http/pprof on PprofBind:PprofPort.
 	// Off by default: profiles expose internals and cost CPU when taken.
 	PprofPort int
+	// PprofBind is the address pprof listens on: loopback unless set
+	// otherwise, whatever BindAddress is, so turning profiling on does not
+	// open it to the pod network (reach it with kubectl port-forward).
+	PprofBind string
 
 	// Kubernetes mode (PoolName set): endpoints come from an InferencePool's
 	// pods and the policy from its PolicyClass and PolicyProfile objects.
@@ -136,6 +149,7 @@ func NewOptions() *Options {
 		MaxBodyBytes:       16 << 20,
 		PolicyPollInterval: time.Second,
 		Verbosity:          2,
+		PprofBind:          DefaultPprofBind,
 		Intel:              defaultIntelOptions(),
 		Kube: KubeOptions{
 			PoolNamespace: defaultPoolNamespace(),
@@ -160,7 +174,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.GRPCHealthPort, "grpc-health-port", o.GRPCHealthPort, "gRPC health port (liveness, readiness).")
 	fs.IntVar(&o.MetricsPort, "metrics-port", o.MetricsPort, "Prometheus metrics port.")
 	fs.BoolVar(&o.SecureServing, "secure-serving", o.SecureServing, "Serve ext_proc over TLS (ALPN h2); self-signed unless --cert-path is set.")
-	fs.StringVar(&o.CertPath, "cert-path", o.CertPath, "Folder holding tls.crt and tls.key for the ext_proc server.")
+	fs.StringVar(&o.CertPath, "cert-path", o.CertPath, "Folder holding tls.crt and tls.key for the ext_proc server; reread when they change.")
+	fs.StringVar(&o.ClientCA, "client-ca", o.ClientCA, "PEM bundle of CA certificates: with it the ext_proc server requires and verifies client certificates against it (mutual TLS); reread when it changes.")
 	fs.Uint64Var(&o.MaxNumBatchedTokens, "max-num-batched-tokens", o.MaxNumBatchedTokens, "Default max_num_batched_tokens of a model server.")
 	fs.StringVar(&o.EngineType, "engine-type", o.EngineType, "Model-server engine: vllm, sglang or trtllm.")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "After SIGTERM, how long dispatched streams may take to finish.")
@@ -170,6 +185,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config is checked for changes.")
 	fs.IntVarP(&o.Verbosity, "v", "v", o.Verbosity, "Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.")
 	fs.IntVar(&o.PprofPort, "pprof-port", o.PprofPort, "Serve net/http/pprof on this port (0: off).")
+	fs.StringVar(&o.PprofBind, "pprof-bind", o.PprofBind, "Address pprof listens on (empty: all interfaces); loopback by default, whatever --bind-address is.")
 	o.Intel.AddFlags(fs)
 
 	k := &o.Kube
@@ -213,6 +229,9 @@ func (o *Options) Validate() error {
 		if p < 0 || p > 65535 {
 			errs = append(errs, fmt.Errorf("%s: %d is not a port", name, p))
 		}
+	}
+	if o.ClientCA != "" && !o.SecureServing {
+		errs = append(errs, fmt.Errorf("--client-ca %s needs --secure-serving: client certificates are part of TLS", o.ClientCA))
 	}
 	if o.MaxFallbacks < 0 {
 		errs = append(errs, fmt.Errorf("--max-fallbacks: %d is negative", o.MaxFallbacks))
