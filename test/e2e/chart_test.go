@@ -495,6 +495,11 @@ func TestChartSchemaRejects(t *testing.T) {
 		{"no selector for a created pool", "inferencePool:\n  create: true\n  selector: null\n", []string{"inferencePool.selector"}},
 		{"misspelt top-level key", "inferencepool:\n  create: true\n", []string{"inferencepool"}},
 		{"bad envoy timeout", "envoy:\n  messageTimeout: 5m\n", []string{"/envoy/messageTimeout"}},
+		{"client CA from two sources", "epp:\n  clientCA: {secret: a, configMap: b}\n", []string{"epp.clientCA", "not both"}},
+		{"client CA without TLS", "epp:\n  secureServing: false\n  clientCA: {secret: a}\n", []string{"epp.clientCA needs epp.secureServing"}},
+		{"client CA without Envoy's certificate", "envoy:\n  enabled: true\nepp:\n  clientCA: {secret: a}\n", []string{"envoy.clientCertSecret", "epp.clientCA"}},
+		{"Envoy certificate without TLS", "envoy:\n  enabled: true\n  clientCertSecret: c\nepp:\n  secureServing: false\n", []string{"envoy.clientCertSecret needs epp.secureServing"}},
+		{"client CA key with a slash", "epp:\n  clientCA: {secret: a, key: ca/crt}\n", []string{"/epp/clientCA/key"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
