@@ -32,6 +32,11 @@ const DefaultPprofBind = "127.0.0.1"
 type Options struct {
 	// Endpoints are the standalone mode's model-server endpoints.
 	Endpoints []string
+	// EndpointsFile, instead of Endpoints, is a file of ip:port entries
+	// (ParseEndpoints) that standalone mode rereads every
+	// PolicyPollInterval: endpoints for a picker outside Kubernetes whose
+	// pool changes (a service-discovery agent writes the file).
+	EndpointsFile string
 	// PolicyConfig is the reference-format policy YAML; empty means the
 	// synthetic default class.
 	PolicyConfig string
@@ -64,8 +69,8 @@ type Options struct {
 	HeaderPickOnly bool
 	// MaxBodyBytes bounds a request body (400 beyond it).
 	MaxBodyBytes int
-	// PolicyPollInterval is how often the policy file is checked for
-	// changes.
+	// PolicyPollInterval is how often the policy file and the endpoints
+	// file are checked for changes.
 	PolicyPollInterval time.Duration
 	// Verbosity is the log level (-v): 2 default, 3 verbose, 4 debug, 5 trace.
 	Verbosity int
@@ -168,6 +173,7 @@ func NewOptions() *Options {
 // chart and the tests rely on them.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.Endpoints, "endpoints", o.Endpoints, "Standalone mode: model-server endpoints as ip:port,...")
+	fs.StringVar(&o.EndpointsFile, "endpoints-file", o.EndpointsFile, "Standalone mode: file of model-server endpoints, ip:port per line (# comments), reread when it changes; instead of --endpoints.")
 	fs.StringVar(&o.PolicyConfig, "policy-config", o.PolicyConfig, "Policy YAML in the reference router's format; reloaded when it changes.")
 	fs.StringVar(&o.BindAddress, "bind-address", o.BindAddress, "Address the gRPC, health and metrics servers listen on (empty: all interfaces).")
 	fs.IntVar(&o.GRPCPort, "grpc-port", o.GRPCPort, "ext_proc gRPC port.")
@@ -182,7 +188,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxFallbacks, "max-fallbacks", o.MaxFallbacks, "Fallback endpoints returned after the pick (ordered, comma-separated).")
 	fs.BoolVar(&o.HeaderPickOnly, "header-pick-only", o.HeaderPickOnly, "Put only the pick in the x-gateway-destination-endpoint header and the fallback list in the envoy.lb metadata (for plain Envoy with --max-fallbacks > 0).")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "Largest request body accepted (400 beyond it).")
-	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config is checked for changes.")
+	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config and --endpoints-file are checked for changes.")
 	fs.IntVarP(&o.Verbosity, "v", "v", o.Verbosity, "Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.")
 	fs.IntVar(&o.PprofPort, "pprof-port", o.PprofPort, "Serve net/http/pprof on this port (0: off).")
 	fs.StringVar(&o.PprofBind, "pprof-bind", o.PprofBind, "Address pprof listens on (empty: all interfaces); loopback by default, whatever --bind-address is.")
@@ -229,6 +235,15 @@ func (o *Options) Validate() error {
 		if p < 0 || p > 65535 {
 			errs = append(errs, fmt.Errorf("%s: %d is not a port", name, p))
 		}
+	}
+	if o.EndpointsFile != "" && len(o.Endpoints) > 0 {
+		errs = append(errs, errors.New("--endpoints and --endpoints-file exclude each other"))
+	}
+	if (o.EndpointsFile != "" || o.PolicyConfig != "") && o.PolicyPollInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--policy-poll-interval: %s must be positive", o.PolicyPollInterval))
+	}
+	if o.EndpointsFile != "" && o.Kubernetes() {
+		errs = append(errs, errors.New("--endpoints-file and --pool-name exclude each other: endpoints come from the pool's pods in Kubernetes mode"))
 	}
 	if o.ClientCA != "" && !o.SecureServing {
 		errs = append(errs, fmt.Errorf("--client-ca %s needs --secure-serving: client certificates are part of TLS", o.ClientCA))
