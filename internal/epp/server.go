@@ -137,7 +137,9 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.Handle(status.Path, status.Handler(d, s.status))
 	s.reg.MustRegister(status.Collector{T: s.status})
-	s.metricsSrv = &http.Server{Handler: boundScrapes(mux, MaxConcurrentScrapes), ReadHeaderTimeout: 5 * time.Second}
+	// IdleTimeout closes keep-alive connections no scraper reuses: the
+	// scrape bound counts requests, not connections.
+	s.metricsSrv = &http.Server{Handler: boundScrapes(mux, MaxConcurrentScrapes), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 5 * time.Minute}
 
 	type listener struct {
 		flag string
