@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -233,28 +232,24 @@ func runSoak(ctx context.Context, f *flags) error {
 	fmt.Fprintf(os.Stderr, "loadgen: soak picker pid %d, ext_proc %s (tls %v), metrics %s, log %s\n",
 		p.Cmd.Process.Pid, p.GRPCAddr, f.tls, p.MetricsAddr, logf.Name())
 
-	streams := func() float64 {
-		m, err := p.Metrics.Scrape(ctx)
-		if err != nil {
-			return -1
+	// The goroutine dumps go next to the report when there is one, else
+	// into the kept directory.
+	dumpDir := dir
+	if sk.reportFile != "" {
+		dumpDir = filepath.Dir(sk.reportFile)
+		if err := os.MkdirAll(dumpDir, 0o755); err != nil {
+			return fmt.Errorf("--soak-report: %w", err)
 		}
-		return m.Value("laneway_extproc_streams_total")
 	}
-	streams0 := streams()
-	dumps := [2]string{filepath.Join(dir, "goroutines-before.txt"), filepath.Join(dir, "goroutines-after.txt")}
 	k := &load.Soak{
 		Addr:   p.GRPCAddr,
-		Sample: load.PickerSample(p.Metrics),
+		Sample: load.PickerSample(p.MetricsAddr),
 		Actions: []load.Action{
 			{Name: "endpoint churn", Every: sk.churnEvery, Do: func(_ context.Context, n int) error { return w.writeEndpoints(n + 1) }},
 			{Name: "policy change", Every: sk.policyEvery, Do: func(_ context.Context, n int) error { return w.writePolicy(n + 1) }},
 		},
-		Idle: func(after bool) {
-			i := map[bool]int{false: 0, true: 1}[after]
-			if err := saveGoroutines(ctx, pprof, dumps[i]); err != nil {
-				fmt.Fprintln(os.Stderr, "loadgen: soak goroutine dump:", err)
-			}
-		},
+		Goroutines: load.ProfileGoroutines(pprof,
+			filepath.Join(dumpDir, "goroutines-before.txt"), filepath.Join(dumpDir, "goroutines-after.txt")),
 		Progress: func(s load.Sample) {
 			fmt.Fprintf(os.Stderr, "loadgen: soak t=%s rss=%.1fMiB heap=%.1fMiB goroutines=%d open=%d queued=%.0f\n",
 				s.At.Round(time.Second), s.RSSBytes/(1<<20), s.HeapBytes/(1<<20), s.Goroutines, s.Open, s.Queued)
@@ -272,7 +267,7 @@ func runSoak(ctx context.Context, f *flags) error {
 	if err != nil {
 		return fmt.Errorf("%w (picker log in %s)", err, logf.Name())
 	}
-	streamsSeen := streams() - streams0
+	streamsSeen := res.After.Streams - res.Before.Streams
 
 	log := p.Log.String()
 	applied := fmt.Sprintf("  picker applied %d endpoint-file versions and %d policies (from its log); counted %.0f streams\n",
@@ -297,7 +292,7 @@ func runSoak(ctx context.Context, f *flags) error {
 	}
 	verdict := soakVerdict(&res, warm, streamsSeen, stopErr)
 	if verdict != nil {
-		return fmt.Errorf("soak failed (picker log and goroutine dumps before and after the load kept in %s):\n%w", dir, verdict)
+		return fmt.Errorf("soak failed (picker log kept in %s, goroutine dumps before and after the load in %s):\n%w", dir, dumpDir, verdict)
 	}
 	keep = false
 	return nil
@@ -330,30 +325,6 @@ func soakVerdict(res *load.SoakResult, warm time.Duration, streams float64, stop
 		errs = append(errs, fmt.Errorf("picker stop: %w", stopErr))
 	}
 	return errors.Join(errs...)
-}
-
-// saveGoroutines writes the picker's goroutine profile (grouped by stack)
-// to path.
-func saveGoroutines(ctx context.Context, pprof, path string) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+pprof+"/debug/pprof/goroutine?debug=1", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("goroutine profile: %s", resp.Status)
-	}
-	return os.WriteFile(path, body, 0o644)
 }
 
 // samplesTable is every sample as a table, for the report file.

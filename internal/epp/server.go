@@ -42,8 +42,8 @@ const (
 // Server is a running endpoint picker: the ext_proc gRPC server, the health
 // server, the metrics server (at most MaxConcurrentScrapes requests at
 // once), the pprof server when --pprof-port asks for it (on --pprof-bind,
-// loopback by default), and the dispatcher loop. Run serves them, runs the picker's other
-// parts beside them and drains them in order.
+// loopback by default), and the dispatcher loop. Run serves them, runs
+// the picker's other parts beside them and drains them in order.
 type Server struct {
 	opts    *Options
 	log     logr.Logger

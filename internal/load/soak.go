@@ -1,12 +1,16 @@
 package load
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -43,10 +47,13 @@ type Soak struct {
 	Actions []Action
 	// Progress, when set, hears every sample as it is taken.
 	Progress func(Sample)
-	// Idle, when set, is called right after the Before sample (false) and
-	// the After sample (true): where a caller takes the picker's goroutine
-	// dumps, to tell what stayed behind.
-	Idle func(after bool)
+	// Goroutines, when set, counts the picker's goroutines exactly for
+	// the idle samples before (after false) and after the load (for
+	// example from its goroutine profile, which can also be kept to tell
+	// what stayed behind). go_goroutines, which Sample reads, is taken
+	// while the registry's collectors run on goroutines of their own, and
+	// moves by a few from one scrape to the next.
+	Goroutines func(ctx context.Context, after bool) (int, error)
 }
 
 // Action is something a soak does to the picker's world every Every:
@@ -118,20 +125,30 @@ type Sample struct {
 	Goroutines int
 	// Queued is the requests waiting in the picker's queues.
 	Queued float64
+	// Streams is the ext_proc streams the picker has counted, whatever
+	// their outcome.
+	Streams float64
 	// Open is the streams the soak had open.
 	Open int
 }
 
-// PickerSample reads a Sample from a picker's Prometheus page: the
-// process collector's RSS, the Go collector's heap in use and goroutines,
-// and the queue gauges.
-func PickerSample(page launch.Page) func(ctx context.Context) (Sample, error) {
+// PickerSample reads a Sample from the picker's Prometheus page at addr
+// ("host:port"): the process collector's RSS, the Go collector's heap in
+// use and goroutines, and the queue gauges. Each sample is a connection
+// of its own, closed after it, so that no idle keep-alive connection of
+// the sampler's counts among the picker's goroutines.
+func PickerSample(addr string) func(ctx context.Context) (Sample, error) {
+	page := launch.PageAt(addr)
 	return func(ctx context.Context) (Sample, error) {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		m, err := page.Scrape(ctx)
+		body, err := getOnce(ctx, string(page))
 		if err != nil {
 			return Sample{}, err
+		}
+		m, err := launch.ParseMetrics(bytes.NewReader(body))
+		if err != nil {
+			return Sample{}, fmt.Errorf("%s: %w", page, err)
 		}
 		rss, ok1 := m.Sum("process_resident_memory_bytes")
 		heap, ok2 := m.Sum("go_memstats_heap_inuse_bytes")
@@ -139,7 +156,57 @@ func PickerSample(page launch.Page) func(ctx context.Context) (Sample, error) {
 		if !ok1 || !ok2 || !ok3 {
 			return Sample{}, fmt.Errorf("%s lacks process_resident_memory_bytes, go_memstats_heap_inuse_bytes or go_goroutines", page)
 		}
-		return Sample{RSSBytes: rss, HeapBytes: heap, Goroutines: int(g), Queued: m.Value("dynamo_frontend_router_queue_pending_requests")}, nil
+		return Sample{RSSBytes: rss, HeapBytes: heap, Goroutines: int(g), Queued: m.Value("dynamo_frontend_router_queue_pending_requests"),
+			Streams: m.Value("laneway_extproc_streams_total")}, nil
+	}
+}
+
+// oneShot makes every request on a connection of its own.
+var oneShot = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+
+// getOnce GETs url on a connection that is closed afterwards and returns
+// the body of a 200.
+func getOnce(ctx context.Context, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	resp, err := oneShot.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return body, nil
+}
+
+// ProfileGoroutines is a Soak.Goroutines for a picker serving pprof at
+// addr ("host:port"): the total of its goroutine profile, each profile
+// written to before or after (grouped by stack; the last one of the
+// settle wait is what stays in after) when those paths are not empty.
+func ProfileGoroutines(addr, before, after string) func(ctx context.Context, after bool) (int, error) {
+	return func(ctx context.Context, isAfter bool) (int, error) {
+		body, err := getOnce(ctx, "http://"+addr+"/debug/pprof/goroutine?debug=1")
+		if err != nil {
+			return 0, err
+		}
+		line, _, _ := strings.Cut(string(body), "\n")
+		n, err := strconv.Atoi(strings.TrimPrefix(line, "goroutine profile: total "))
+		if err != nil {
+			return 0, fmt.Errorf("goroutine profile of %s: first line %q", addr, line)
+		}
+		if path := map[bool]string{false: before, true: after}[isAfter]; path != "" {
+			if err := os.WriteFile(path, body, 0o644); err != nil {
+				return 0, err
+			}
+		}
+		return n, nil
 	}
 }
 
@@ -262,13 +329,10 @@ func (k *Soak) Run(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	}
 
 	res := SoakResult{Actions: map[string]ActionCount{}}
-	if res.Before, err = k.Sample(ctx); err != nil {
+	if res.Before, err = k.idleSample(ctx, false); err != nil {
 		return SoakResult{}, fmt.Errorf("soak: sample before the load: %w", err)
 	}
 	res.Before.At = 0
-	if k.Idle != nil {
-		k.Idle(false)
-	}
 
 	// Actions and the sampler run while requests arrive.
 	bgCtx, stopBg := context.WithCancel(ctx)
@@ -351,9 +415,6 @@ func (k *Soak) Run(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	if err != nil {
 		return res, fmt.Errorf("soak: sample after the load: %w", err)
 	}
-	if k.Idle != nil {
-		k.Idle(true)
-	}
 	return res, nil
 }
 
@@ -393,7 +454,7 @@ func (r *SoakResult) count(c tagCount) {
 func (k *Soak) settle(ctx context.Context, want int, limit time.Duration) (Sample, error) {
 	deadline := time.Now().Add(limit)
 	for {
-		s, err := k.Sample(ctx)
+		s, err := k.idleSample(ctx, true)
 		if err != nil {
 			return s, err
 		}
@@ -408,6 +469,17 @@ func (k *Soak) settle(ctx context.Context, want int, limit time.Duration) (Sampl
 			return s, ctx.Err()
 		}
 	}
+}
+
+// idleSample is a Sample with the exact goroutine count when Goroutines
+// is set.
+func (k *Soak) idleSample(ctx context.Context, after bool) (Sample, error) {
+	s, err := k.Sample(ctx)
+	if err != nil || k.Goroutines == nil {
+		return s, err
+	}
+	s.Goroutines, err = k.Goroutines(ctx, after)
+	return s, err
 }
 
 // every calls f(0), f(1), ... once per period until ctx ends, the first

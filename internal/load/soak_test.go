@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
+	"net/http/pprof"
+	"os"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,7 +24,7 @@ func TestSoakAgainstPicker(t *testing.T) {
 	k := &Soak{
 		Addr:    p.GRPCAddr,
 		Headers: []http.Header{{"x-laneway-policy-class": {"a"}}, {"x-laneway-policy-class": {"b"}}},
-		Sample:  PickerSample(p.Metrics),
+		Sample:  PickerSample(p.MetricsAddr),
 		Actions: []Action{
 			{Name: "churn", Every: 200 * time.Millisecond, Do: func(_ context.Context, n int) error {
 				churns.Add(1)
@@ -48,6 +53,9 @@ func TestSoakAgainstPicker(t *testing.T) {
 	}
 	if len(res.Samples) < 3 || res.SampleErrors != 0 || res.End().RSSBytes <= 0 || res.End().Goroutines <= 0 {
 		t.Errorf("samples %+v (%d failed), want at least 3 with RSS and goroutines", res.Samples, res.SampleErrors)
+	}
+	if res.After.Streams-res.Before.Streams != 300 {
+		t.Errorf("the samples count %v streams before and %v after, want 300 between", res.Before.Streams, res.After.Streams)
 	}
 	if res.After.Goroutines > res.Before.Goroutines+2 {
 		t.Errorf("picker goroutines %d before, %d after the soak", res.Before.Goroutines, res.After.Goroutines)
@@ -97,5 +105,31 @@ func TestSoakRSSSlope(t *testing.T) {
 	}
 	if p := r.Peak(); p.RSSBytes != 999 {
 		t.Errorf("peak %v", p.RSSBytes)
+	}
+}
+
+// TestProfileGoroutines reads the total of a goroutine profile and keeps
+// the profile where it was asked to.
+func TestProfileGoroutines(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	dir := t.TempDir()
+	before, after := filepath.Join(dir, "before.txt"), filepath.Join(dir, "after.txt")
+	count := ProfileGoroutines(strings.TrimPrefix(srv.URL, "http://"), before, after)
+	for _, isAfter := range []bool{false, true} {
+		n, err := count(context.Background(), isAfter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n < 2 || n > runtime.NumGoroutine()+10 {
+			t.Errorf("goroutine total %d; this process has about %d", n, runtime.NumGoroutine())
+		}
+	}
+	for _, p := range []string{before, after} {
+		if b, err := os.ReadFile(p); err != nil || !strings.HasPrefix(string(b), "goroutine profile: total ") {
+			t.Errorf("%s: %.40q %v", p, b, err)
+		}
 	}
 }
