@@ -59,6 +59,21 @@ bench-quality: build ## The scheduling-quality benchmark (minutes; not in make t
 	LANEWAY_BENCH_QUALITY=1 LANEWAY_BIN=$(BIN) LANEWAY_BENCH_OUT=$(CURDIR)/out/bench-quality \
 	  $(GO) test -count=1 -timeout 30m -run '^TestBenchQuality$$' -v ./internal/simulate/quality/
 
+# The soak (`make soak`, not part of `make test`): SOAK_DURATION of open
+# loop at SOAK_RATE through the real picker, TLS on, with endpoint churn
+# (--endpoints-file rewritten every 2 s) and a policy change every 10 s;
+# it reports RSS over time, goroutines before and after and whether every
+# request was answered exactly once, and fails when a bound is broken.
+SOAK_DURATION ?= 30m
+SOAK_RATE     ?= 500
+SOAK_ARGS     ?=
+
+.PHONY: soak
+soak: ## Soak the picker: SOAK_DURATION (30m) at SOAK_RATE (500/s) with endpoint churn and policy changes (docs/testing.md).
+	$(GO) build -o $(BIN)/ ./cmd/epp ./cmd/loadgen
+	$(BIN)/loadgen --soak --epp-bin $(BIN)/epp --tls --rate $(SOAK_RATE) --duration $(SOAK_DURATION) \
+	  --soak-report $(CURDIR)/out/soak/report.txt $(SOAK_ARGS)
+
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
 	@set -e; for pkg in $$($(GO) list $(PKGS)); do \

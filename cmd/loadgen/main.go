@@ -9,12 +9,18 @@
 //	loadgen --spawn --rate 1000 --hold 1s --duration 10s          # open loop (SPEC §13)
 //	loadgen --spawn --mode closed --concurrency 1,100,1000        # closed loop, N streams
 //	loadgen --epp 127.0.0.1:9002 --tls --epp-metrics 127.0.0.1:9090 --rate 3000
+//	loadgen --soak --tls --rate 500 --duration 30m                # soak (make soak)
 //
 // With --spawn it builds (or takes --epp-bin) and starts the picker itself
 // on free loopback ports, with no policy and one dummy endpoint that serves
 // an idle vLLM /metrics page: the synthetic default class has no busy
 // threshold and the endpoint is idle, so every request is an idle-endpoint
 // decision.
+//
+// With --soak it runs the long leak hunt of `make soak` instead (soak.go):
+// the picker with an endpoints file and a policy file that keep changing,
+// the open loop for up to a day, RSS and goroutines sampled throughout,
+// and every request's answers counted.
 package main
 
 import (
@@ -91,6 +97,7 @@ func main() {
 	fs.BoolVar(&f.jsonOut, "json", false, "print each result as one JSON line")
 	fs.StringVar(&f.trace, "trace", "", "write every request's start time and decision latency to this file")
 	lw.register(fs)
+	sk.register(fs)
 	fs.BoolVar(&f.floor, "compare-floor", false,
 		"with --spawn: also start a grpc-go ext_proc server that only answers (same transport options, same endpoint; this machine's transport floor) "+
 			"and measure laneway, floor, laneway again for every run: Laneway's latency above the floor is what its own work adds")
@@ -132,6 +139,9 @@ func main() {
 }
 
 func run(ctx context.Context, f *flags) error {
+	if sk.on {
+		return runSoak(ctx, f)
+	}
 	levels, err := parseLevels(f.concurrency)
 	if err != nil {
 		return err

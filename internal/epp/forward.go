@@ -465,8 +465,10 @@ func leaderDialer(opts *Options) func(holder string) (*grpc.ClientConn, error) {
 	}
 }
 
-// leaderTLS is the TLS client config of the leader link. The leader serves
-// what the gateways see, so the follower trusts it as follows:
+// leaderTLS is the TLS client config of the leader link. With --client-ca
+// the follower presents its --cert-path pair as its client certificate.
+// The leader serves what the gateways see, so the follower trusts it as
+// follows:
 //
 //   - --leader-tls-insecure: no verification;
 //   - without --cert-path the leader's certificate is self-signed, made at
@@ -481,6 +483,21 @@ func leaderDialer(opts *Options) func(holder string) (*grpc.ClientConn, error) {
 //     certificates.
 func leaderTLS(opts *Options, tag string) (*tls.Config, error) {
 	cfg := tlsutil.ClientConfig(true)
+	if opts.ClientCA != "" {
+		// The leader requires a client certificate of its gateways and of
+		// its followers alike: a follower presents its own serving pair,
+		// read at each handshake so a rotated Secret is used at once
+		// (Validate requires --cert-path with --client-ca and leader
+		// election).
+		dir := opts.CertPath
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c, err := tls.LoadX509KeyPair(filepath.Join(dir, tlsutil.CertFile), filepath.Join(dir, tlsutil.KeyFile))
+			if err != nil {
+				return nil, fmt.Errorf("--cert-path: the leader link's client certificate: %w", err)
+			}
+			return &c, nil
+		}
+	}
 	switch {
 	case opts.Kube.LeaderTLSInsecure:
 		return cfg, nil

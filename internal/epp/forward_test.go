@@ -260,3 +260,68 @@ func signedLeaf(t *testing.T, ca tls.Certificate) tls.Certificate {
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
+
+// TestLeaderTLSPresentsClientCertificate: with --client-ca the leader
+// requires a client certificate of everyone, its followers included; a
+// follower presents its --cert-path pair (here signed by the CA the leader
+// trusts) and gets in, one without --client-ca set presents nothing and is
+// refused.
+func TestLeaderTLSPresentsClientCertificate(t *testing.T) {
+	ca, err := tlsutil.NewCA("laneway replicas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Replica("laneway-epp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, err := tlsutil.EncodePEM(leaf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for name, data := range map[string][]byte{tlsutil.CertFile: certPEM, tlsutil.KeyFile: keyPEM, "ca.crt": ca.PEM()} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool := ca.Pool()
+	serve := func(cfg *tls.Config) error {
+		t.Helper()
+		ln, err := tls.Listen("tcp", "127.0.0.1:0", tlsutil.MutualServerConfig(tlsutil.Static(leaf), func() *x509.CertPool { return pool }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		accepted := make(chan error, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				accepted <- err
+				return
+			}
+			accepted <- c.(*tls.Conn).Handshake()
+			c.Close()
+		}()
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", ln.Addr().String(), cfg)
+		if err == nil {
+			c.Close()
+		}
+		return <-accepted // the leader's verdict on the follower
+	}
+	for _, tc := range []struct {
+		name     string
+		clientCA string
+		accepted bool
+	}{{"with --client-ca", filepath.Join(dir, "ca.crt"), true}, {"without", "", false}} {
+		o := NewOptions()
+		o.CertPath, o.ClientCA = dir, tc.clientCA
+		cfg, err := leaderTLS(o, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := serve(cfg); (err == nil) != tc.accepted {
+			t.Errorf("%s: the leader's handshake %v, want accepted %v", tc.name, err, tc.accepted)
+		}
+	}
+}

@@ -25,11 +25,21 @@ const (
 	DefaultMetricsPort    = 9090
 )
 
+// DefaultPprofBind is where pprof listens unless --pprof-bind says
+// otherwise: the IPv4 loopback address, which every pod has (the name
+// localhost would depend on the image's hosts file).
+const DefaultPprofBind = "127.0.0.1"
+
 // Options are the endpoint picker's settings. AddFlags binds them to
 // flags; Complete fills derived values; Validate checks them.
 type Options struct {
 	// Endpoints are the standalone mode's model-server endpoints.
 	Endpoints []string
+	// EndpointsFile, instead of Endpoints, is a file of ip:port entries
+	// (ParseEndpoints) that standalone mode rereads every
+	// PolicyPollInterval: endpoints for a picker outside Kubernetes whose
+	// pool changes (a service-discovery agent writes the file).
+	EndpointsFile string
 	// PolicyConfig is the reference-format policy YAML; empty means the
 	// synthetic default class.
 	PolicyConfig string
@@ -42,6 +52,10 @@ type Options struct {
 	SecureServing bool
 	// CertPath is a folder with tls.crt and tls.key.
 	CertPath string
+	// ClientCA, when set, is a PEM bundle: the ext_proc server then
+	// requires every client (gateway) to present a certificate that
+	// verifies against it (mutual TLS). Reloaded when the file changes.
+	ClientCA string
 	// MaxNumBatchedTokens is the default max_num_batched_tokens of an
 	// endpoint, used by prefill_busy_threshold_frac.
 	MaxNumBatchedTokens uint64
@@ -75,14 +89,18 @@ type Options struct {
 	// RetryAfter is the retry-after of the 429s and 503s that have no
 	// estimate of their own (SPEC §15).
 	RetryAfter time.Duration
-	// PolicyPollInterval is how often the policy file is checked for
-	// changes.
+	// PolicyPollInterval is how often the policy file and the endpoints
+	// file are checked for changes.
 	PolicyPollInterval time.Duration
 	// Verbosity is the log level (-v): 2 default, 3 verbose, 4 debug, 5 trace.
 	Verbosity int
-	// PprofPort, when > 0, serves net/http/pprof on BindAddress:PprofPort.
+	// PprofPort, when > 0, serves net/http/pprof on PprofBind:PprofPort.
 	// Off by default: profiles expose internals and cost CPU when taken.
 	PprofPort int
+	// PprofBind is the address pprof listens on: loopback unless set
+	// otherwise, whatever BindAddress is, so turning profiling on does not
+	// open it to the pod network (reach it with kubectl port-forward).
+	PprofBind string
 
 	// Kubernetes mode (PoolName set): endpoints come from an InferencePool's
 	// pods and the policy from its PolicyClass and PolicyProfile objects.
@@ -163,6 +181,7 @@ func NewOptions() *Options {
 		RetryAfter:         extproc.DefaultRetryAfter,
 		PolicyPollInterval: time.Second,
 		Verbosity:          2,
+		PprofBind:          DefaultPprofBind,
 		Intel:              defaultIntelOptions(),
 		Kube: KubeOptions{
 			PoolNamespace: defaultPoolNamespace(),
@@ -181,13 +200,15 @@ func NewOptions() *Options {
 // chart and the tests rely on them.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.Endpoints, "endpoints", o.Endpoints, "Standalone mode: model-server endpoints as ip:port,...")
+	fs.StringVar(&o.EndpointsFile, "endpoints-file", o.EndpointsFile, "Standalone mode: file of model-server endpoints, ip:port per line (# comments), reread when it changes; instead of --endpoints.")
 	fs.StringVar(&o.PolicyConfig, "policy-config", o.PolicyConfig, "Policy YAML in the reference router's format; reloaded when it changes.")
 	fs.StringVar(&o.BindAddress, "bind-address", o.BindAddress, "Address the gRPC, health and metrics servers listen on (empty: all interfaces).")
 	fs.IntVar(&o.GRPCPort, "grpc-port", o.GRPCPort, "ext_proc gRPC port.")
 	fs.IntVar(&o.GRPCHealthPort, "grpc-health-port", o.GRPCHealthPort, "gRPC health port (liveness, readiness).")
 	fs.IntVar(&o.MetricsPort, "metrics-port", o.MetricsPort, "Prometheus metrics port.")
 	fs.BoolVar(&o.SecureServing, "secure-serving", o.SecureServing, "Serve ext_proc over TLS (ALPN h2); self-signed unless --cert-path is set.")
-	fs.StringVar(&o.CertPath, "cert-path", o.CertPath, "Folder holding tls.crt and tls.key for the ext_proc server.")
+	fs.StringVar(&o.CertPath, "cert-path", o.CertPath, "Folder holding tls.crt and tls.key for the ext_proc server; reread when they change.")
+	fs.StringVar(&o.ClientCA, "client-ca", o.ClientCA, "PEM bundle of CA certificates: with it the ext_proc server requires and verifies client certificates against it (mutual TLS); reread when it changes.")
 	fs.Uint64Var(&o.MaxNumBatchedTokens, "max-num-batched-tokens", o.MaxNumBatchedTokens, "Default max_num_batched_tokens of a model server.")
 	fs.StringVar(&o.EngineType, "engine-type", o.EngineType, "Model-server engine: vllm, sglang or trtllm.")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "After SIGTERM, how long the picker reports NotReady but keeps serving new streams, so that Services and gateways stop sending first (0: stop accepting at once).")
@@ -198,9 +219,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.MaxHeldBodyBytes, "max-held-body-bytes", o.MaxHeldBodyBytes, "Budget for the request body bytes held by requests not yet answered, counted from content-length at the headers; a request that would pass it gets 429 held_bytes (0: half of GOMEMLIMIT when set, else 512 MiB).")
 	fs.BoolVar(&o.ConformanceHooks, "enable-conformance-hooks", o.ConformanceHooks, "Honour the conformance suite's test-epp-endpoint-selection request header (pins a request to the pods it names) and answer with x-conformance-test-served-endpoint. Only for conformance runs: any client could use it.")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503 without a queue-wait estimate of its class (no endpoint, not ready, shutting down, a class nothing waited in lately); rounded up to whole seconds.")
-	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config is checked for changes.")
+	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config and --endpoints-file are checked for changes.")
 	fs.IntVarP(&o.Verbosity, "v", "v", o.Verbosity, "Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.")
 	fs.IntVar(&o.PprofPort, "pprof-port", o.PprofPort, "Serve net/http/pprof on this port (0: off).")
+	fs.StringVar(&o.PprofBind, "pprof-bind", o.PprofBind, "Address pprof listens on (empty: all interfaces); loopback by default, whatever --bind-address is.")
 	o.Intel.AddFlags(fs)
 
 	k := &o.Kube
@@ -262,13 +284,30 @@ func (o *Options) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: %d is not a port", name, p))
 		}
 	}
+	if o.EndpointsFile != "" && len(o.Endpoints) > 0 {
+		errs = append(errs, errors.New("--endpoints and --endpoints-file exclude each other"))
+	}
+	if (o.EndpointsFile != "" || o.PolicyConfig != "") && o.PolicyPollInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--policy-poll-interval: %s must be positive", o.PolicyPollInterval))
+	}
+	if o.EndpointsFile != "" && o.Kubernetes() {
+		errs = append(errs, errors.New("--endpoints-file and --pool-name exclude each other: endpoints come from the pool's pods in Kubernetes mode"))
+	}
+	if o.ClientCA != "" && !o.SecureServing {
+		errs = append(errs, fmt.Errorf("--client-ca %s needs --secure-serving: client certificates are part of TLS", o.ClientCA))
+	}
+	if o.ClientCA != "" && o.Kube.LeaderElection && o.CertPath == "" {
+		errs = append(errs, fmt.Errorf("--client-ca %s with --ha-enable-leader-election needs --cert-path: followers forward streams to the leader presenting their serving certificate, which must chain to a CA of --client-ca (a self-signed one never does)", o.ClientCA))
+	}
 	if o.MaxFallbacks < 0 {
 		errs = append(errs, fmt.Errorf("--max-fallbacks: %d is negative", o.MaxFallbacks))
 	}
 	if o.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-body-bytes: %d must be positive", o.MaxBodyBytes))
 	}
-	if o.MaxHeldBodyBytes < int64(o.MaxBodyBytes) {
+	// 0 is the flag's "derive it" (Complete does); only a set value can
+	// be too small.
+	if o.MaxHeldBodyBytes != 0 && o.MaxHeldBodyBytes < int64(o.MaxBodyBytes) {
 		errs = append(errs, fmt.Errorf("--max-held-body-bytes: %d is below --max-body-bytes (%d): a body between them could never be admitted", o.MaxHeldBodyBytes, o.MaxBodyBytes))
 	}
 	if o.RetryAfter <= 0 {

@@ -1,7 +1,6 @@
 package epp
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -28,8 +27,9 @@ func LoadPolicy(path string) (*policy.Compiled, error) {
 	return cfg.Compile()
 }
 
-// Run is the standalone endpoint picker: endpoints from --endpoints, policy
-// from --policy-config (reloaded when the file changes). It returns when
+// Run is the standalone endpoint picker: endpoints from --endpoints or
+// --endpoints-file, policy from --policy-config (both files reloaded when
+// they change). It returns when
 // ctx ends and the drain is over.
 func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 	compiled, err := LoadPolicy(opts.PolicyConfig)
@@ -40,7 +40,10 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	eps := StaticEndpoints(opts.Endpoints, opts.MaxNumBatchedTokens)
+	eps, err := standaloneEndpoints(opts)
+	if err != nil {
+		return err
+	}
 	srv.Dispatcher().SetEndpoints(eps)
 	grpcAddr, healthAddr, metricsAddr := srv.Addrs()
 	log.Info("endpoint picker serving", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr,
@@ -48,13 +51,20 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 	logClasses(log, compiled)
 	log.Info("tenants: " + compiled.Identity().String())
 	srv.SetReady(true)
-	if opts.PolicyConfig == "" {
-		return srv.Run(ctx)
+	var parts []manager.Runnable
+	if opts.PolicyConfig != "" {
+		parts = append(parts, manager.RunnableFunc(func(ctx context.Context) error {
+			watchPolicy(ctx, opts.PolicyConfig, opts.PolicyPollInterval, srv.Dispatcher(), log)
+			return nil
+		}))
 	}
-	return srv.Run(ctx, manager.RunnableFunc(func(ctx context.Context) error {
-		watchPolicy(ctx, opts.PolicyConfig, opts.PolicyPollInterval, srv.Dispatcher(), log)
-		return nil
-	}))
+	if opts.EndpointsFile != "" {
+		parts = append(parts, manager.RunnableFunc(func(ctx context.Context) error {
+			watchEndpoints(ctx, opts, srv.Dispatcher(), log)
+			return nil
+		}))
+	}
+	return srv.Run(ctx, parts...)
 }
 
 func logClasses(log logr.Logger, c *policy.Compiled) {
@@ -70,25 +80,13 @@ func logClasses(log logr.Logger, c *policy.Compiled) {
 // swap a Kubernetes ConfigMap volume does.
 func watchPolicy(ctx context.Context, path string, every time.Duration, d *dispatcher.Dispatcher, log logr.Logger) {
 	last, _ := os.ReadFile(path)
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		data, err := os.ReadFile(path)
-		if err != nil || bytes.Equal(data, last) {
-			continue
-		}
-		last = data
+	pollFile(ctx, path, last, every, func([]byte) {
 		if err := reloadPolicy(path, d); err != nil {
 			log.Error(err, "policy file rejected; the previous policy stays in force", "path", path)
-			continue
+			return
 		}
 		log.Info("policy reloaded", "path", path)
-	}
+	})
 }
 
 func reloadPolicy(path string, d *dispatcher.Dispatcher) error {

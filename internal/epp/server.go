@@ -41,9 +41,10 @@ const (
 )
 
 // Server is a running endpoint picker: the ext_proc gRPC server, the health
-// server, the metrics server, the pprof server when --pprof-port asks for
-// it, and the dispatcher loop. Run serves them, runs the picker's other
-// parts beside them and drains them in order.
+// server, the metrics server (at most MaxConcurrentScrapes requests at
+// once), the pprof server when --pprof-port asks for it (on --pprof-bind,
+// loopback by default), and the dispatcher loop. Run serves them, runs
+// the picker's other parts beside them and drains them in order.
 type Server struct {
 	opts    *Options
 	log     logr.Logger
@@ -116,7 +117,7 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 
 	var creds []grpc.ServerOption
 	if opts.SecureServing {
-		cfg, err := serverTLS(opts.CertPath)
+		cfg, err := serverTLS(opts, log)
 		if err != nil {
 			return nil, err
 		}
@@ -159,27 +160,30 @@ func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log 
 	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.Handle(status.Path, status.Handler(d, s.status))
 	s.reg.MustRegister(status.Collector{T: s.status})
-	s.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// IdleTimeout closes keep-alive connections no scraper reuses: the
+	// scrape bound counts requests, not connections.
+	s.metricsSrv = &http.Server{Handler: boundScrapes(mux, MaxConcurrentScrapes), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 5 * time.Minute}
 
 	type listener struct {
 		flag string
+		host string
 		port int
 		ln   *net.Listener
 	}
 	listeners := []listener{
-		{"--grpc-port", opts.GRPCPort, &s.grpcLn},
-		{"--grpc-health-port", opts.GRPCHealthPort, &s.healthLn},
-		{"--metrics-port", opts.MetricsPort, &s.metricsLn},
+		{"--grpc-port", opts.BindAddress, opts.GRPCPort, &s.grpcLn},
+		{"--grpc-health-port", opts.BindAddress, opts.GRPCHealthPort, &s.healthLn},
+		{"--metrics-port", opts.BindAddress, opts.MetricsPort, &s.metricsLn},
 	}
 	if opts.PprofPort > 0 {
 		s.pprofSrv = pprofServer()
-		listeners = append(listeners, listener{"--pprof-port", opts.PprofPort, &s.pprofLn})
+		listeners = append(listeners, listener{"--pprof-port", opts.PprofBind, opts.PprofPort, &s.pprofLn})
 	}
 	for _, l := range listeners {
-		ln, err := net.Listen("tcp", net.JoinHostPort(opts.BindAddress, strconv.Itoa(l.port)))
+		ln, err := net.Listen("tcp", net.JoinHostPort(l.host, strconv.Itoa(l.port)))
 		if err != nil {
 			s.closeListeners()
-			return nil, fmt.Errorf("%s: listen on port %d: %w", l.flag, l.port, err)
+			return nil, fmt.Errorf("%s: listen on %s: %w", l.flag, net.JoinHostPort(l.host, strconv.Itoa(l.port)), err)
 		}
 		*l.ln = ln
 	}
@@ -388,21 +392,46 @@ func TransportOptions() []grpc.ServerOption {
 }
 
 // serverTLS returns the ext_proc server's TLS config: the certificate in
-// certPath (tls.crt, tls.key), reread when it changes, or a self-signed one
-// made at start. Gateways reach the picker through a Service and do not
-// verify it (as with the upstream picker); mount a real one with
-// --cert-path.
-func serverTLS(certPath string) (*tls.Config, error) {
-	if certPath == "" {
+// opts.CertPath (tls.crt, tls.key) or a self-signed one made at start, and
+// with opts.ClientCA the client certificates required and verified
+// against that bundle. Both files are reread at the next handshake after
+// they change, which a Kubernetes Secret update does by swapping a
+// symlink: new connections get the new material, established ones keep
+// theirs. Gateways reach the picker through a Service and by default do
+// not verify it (as with the upstream picker); mount a real certificate
+// with --cert-path.
+func serverTLS(opts *Options, log logr.Logger) (*tls.Config, error) {
+	var getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	if opts.CertPath == "" {
 		cert, err := tlsutil.SelfSigned()
 		if err != nil {
 			return nil, err
 		}
-		return tlsutil.ServerConfig(tlsutil.Static(cert)), nil
+		getCert = tlsutil.Static(cert)
+	} else {
+		r, err := tlsutil.NewReloader(opts.CertPath, reloadLogger(log, "serving certificate", opts.CertPath))
+		if err != nil {
+			return nil, fmt.Errorf("--cert-path: %w", err)
+		}
+		getCert = r.GetCertificate
 	}
-	r, err := tlsutil.NewReloader(certPath)
+	if opts.ClientCA == "" {
+		return tlsutil.ServerConfig(getCert), nil
+	}
+	cas, err := tlsutil.NewCAReloader(opts.ClientCA, reloadLogger(log, "client CA bundle", opts.ClientCA))
 	if err != nil {
-		return nil, fmt.Errorf("--cert-path: %w", err)
+		return nil, fmt.Errorf("--client-ca: %w", err)
 	}
-	return tlsutil.ServerConfig(r.GetCertificate), nil
+	return tlsutil.MutualServerConfig(getCert, cas.Pool), nil
+}
+
+// reloadLogger logs the reloads of TLS material at path.
+func reloadLogger(log logr.Logger, what, path string) func(error) {
+	return func(err error) {
+		if err != nil {
+			log.Error(err, what+" not reloaded; the previous one stays in use", "path", path)
+			return
+		}
+		log.Info(what+" reloaded", "path", path)
+	}
 }

@@ -33,6 +33,14 @@
 //     (loadgen --compare-floor), Laneway's latency above it is what its own
 //     work adds.
 //
+// Soak is the long run of `make soak` (cmd/loadgen --soak): the same open
+// loop through h2client for up to a day, each request with a prompt of its
+// own after a shared prefix, while the caller's actions change the
+// picker's endpoints and policy on their own schedules. It counts every
+// request's answers and ends by its arrival index (exactly once, or which
+// way not), and samples the picker's RSS, heap and goroutines before,
+// during and after.
+//
 // CPU samplers read a process's CPU time from /proc or from the picker's
 // process_cpu_seconds_total metric. The picker of a self-contained run is
 // started with internal/launch, as the suites start theirs; SpawnLWEPP

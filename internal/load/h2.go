@@ -47,11 +47,24 @@ type h2Run struct {
 	s       *stats
 	begin   []time.Duration // by tag, written before Start
 	pending sync.WaitGroup
+	// tags, when not nil, counts each stream's answers and ends by its
+	// tag (the soak's exactly-once check); guarded by s.mu.
+	tags []tagCount
+}
+
+// tagCount is what happened to one request of a run.
+type tagCount struct {
+	started       bool
+	answers, ends uint8 // saturating at 2
+	failed        bool  // ended with an error
 }
 
 func (h *h2Run) decided(tag int, d h2client.Decision) {
 	s := h.s
 	s.mu.Lock()
+	if h.tags != nil {
+		h.tags[tag].answers = min(h.tags[tag].answers+1, 2)
+	}
 	s.lat = append(s.lat, d.Latency)
 	if d.Wire > 0 {
 		s.wire = append(s.wire, d.Wire)
@@ -68,9 +81,15 @@ func (h *h2Run) decided(tag int, d h2client.Decision) {
 	s.mu.Unlock()
 }
 
-func (h *h2Run) done(_ int, err error) {
+func (h *h2Run) done(tag int, err error) {
 	if err != nil {
 		h.s.fail(err)
+	}
+	if h.tags != nil {
+		h.s.mu.Lock()
+		h.tags[tag].ends = min(h.tags[tag].ends+1, 2)
+		h.tags[tag].failed = h.tags[tag].failed || err != nil
+		h.s.mu.Unlock()
 	}
 	h.s.leave()
 	h.pending.Done()
@@ -94,20 +113,14 @@ func (r *H2Runner) RunOpen(ctx context.Context, cfg Config) (Result, error) {
 		run.s.trace = make([]tracePoint, 0, len(run.begin))
 	}
 
-	conns := make([]*h2client.Conn, 0, r.Conns)
-	defer func() {
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	}()
-	for range r.Conns {
-		c, err := h2client.Dial(ctx, r.Addr, h2client.Options{
-			Plan: plan, Hold: cfg.Hold, TLS: r.TLS, OnDecision: run.decided, OnDone: run.done, WireStamps: true,
-		})
-		if err != nil {
-			return Result{}, err
-		}
-		conns = append(conns, c)
+	each := make([]h2client.Options, r.Conns)
+	for i := range each {
+		each[i].Plan = plan
+	}
+	conns, err := run.dial(ctx, r.Addr, r.TLS, each, cfg.Hold)
+	defer closeAll(conns)
+	if err != nil {
+		return Result{}, err
 	}
 
 	base := &Runner{PickerCPU: r.PickerCPU, Trace: r.Trace}
@@ -122,6 +135,28 @@ func (r *H2Runner) RunOpen(ctx context.Context, cfg Config) (Result, error) {
 		return res, fmt.Errorf("open run cancelled: %w", err)
 	}
 	return res, nil
+}
+
+// dial opens one connection per entry of each (its Plan or PlanOf) whose
+// streams report to h. On an error the connections already open are
+// returned with it, for the caller's closeAll.
+func (h *h2Run) dial(ctx context.Context, addr string, cfg *tls.Config, each []h2client.Options, hold time.Duration) ([]*h2client.Conn, error) {
+	conns := make([]*h2client.Conn, 0, len(each))
+	for _, o := range each {
+		o.Hold, o.TLS, o.OnDecision, o.OnDone, o.WireStamps = hold, cfg, h.decided, h.done, true
+		c, err := h2client.Dial(ctx, addr, o)
+		if err != nil {
+			return conns, err
+		}
+		conns = append(conns, c)
+	}
+	return conns, nil
+}
+
+func closeAll(conns []*h2client.Conn) {
+	for _, c := range conns {
+		_ = c.Close()
+	}
 }
 
 // waitOrCancel waits for every stream; a cancelled ctx closes the

@@ -267,10 +267,20 @@ var (
 )
 
 // Body returns a completions body with a token-id prompt of n tokens.
-func Body(n int) []byte {
+func Body(n int) []byte { return BodyFor(n, n, 0) }
+
+// BodyFor returns a completions body with a token-id prompt of n tokens
+// whose first shared tokens are Body's (a system prompt every request
+// repeats) and whose rest is distinct for each seed, as real prompts are:
+// a prefix cache then holds the shared part only.
+func BodyFor(n, shared, seed int) []byte {
 	prompt := make([]int, n)
 	for i := range prompt {
-		prompt[i] = 1 + (i*7919)%50000
+		if i < shared {
+			prompt[i] = 1 + (i*7919)%50000
+		} else {
+			prompt[i] = 1 + (seed*104729+i*31)%50000
+		}
 	}
 	b, err := json.Marshal(map[string]any{"model": "loadgen", "prompt": prompt, "max_tokens": 1, "stream": true})
 	if err != nil {

@@ -1,6 +1,7 @@
 package tlsutil
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -11,9 +12,6 @@ import (
 	"fmt"
 	"math/big"
 	"net"
-	"os"
-	"path/filepath"
-	"sync"
 	"time"
 )
 
@@ -23,28 +21,33 @@ const (
 	KeyFile  = "tls.key"
 )
 
+// validity is how long every certificate made here is valid: these are
+// in-memory or test certificates, and an expiry in the middle of a long run
+// would be a false alarm.
+const validity = 10 * 365 * 24 * time.Hour
+
 // SelfSigned returns a new self-signed ECDSA P-256 certificate valid for ten
 // years for the given DNS names or IP addresses (plus localhost and the
 // loopback addresses). It exists only in memory.
 func SelfSigned(hosts ...string) (tls.Certificate, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("generate key: %w", err)
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 126))
-	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("generate serial: %w", err)
-	}
+	tmpl := template("laneway-epp", hosts)
+	tmpl.KeyUsage |= x509.KeyUsageCertSign
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	tmpl.IsCA = true
+	return create(tmpl, nil)
+}
+
+// template is the certificate template every certificate here starts
+// from: CommonName name, valid for localhost, the loopback addresses and
+// hosts (DNS names or IP addresses).
+func template(name string, hosts []string) *x509.Certificate {
 	now := time.Now()
 	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{Organization: []string{"laneway"}, CommonName: "laneway-epp"},
+		Subject:               pkix.Name{Organization: []string{"laneway"}, CommonName: name},
 		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		NotAfter:              now.Add(validity),
+		KeyUsage:              x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
-		IsCA:                  true,
 		DNSNames:              []string{"localhost"},
 		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 	}
@@ -55,15 +58,105 @@ func SelfSigned(hosts ...string) (tls.Certificate, error) {
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	return tmpl
+}
+
+// create makes a certificate from tmpl with a new ECDSA P-256 key, signed
+// by parent (nil: self-signed).
+func create(tmpl *x509.Certificate, parent *tls.Certificate) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("create certificate: %w", err)
+		return tls.Certificate{}, fmt.Errorf("generate key: %w", err)
+	}
+	if tmpl.SerialNumber, err = rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 126)); err != nil {
+		return tls.Certificate{}, fmt.Errorf("generate serial: %w", err)
+	}
+	issuer, signer := tmpl, crypto.Signer(key)
+	if parent != nil {
+		issuer = parent.Leaf
+		var ok bool
+		if signer, ok = parent.PrivateKey.(crypto.Signer); !ok {
+			return tls.Certificate{}, fmt.Errorf("issuer %q: key of type %T cannot sign", parent.Leaf.Subject.CommonName, parent.PrivateKey)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, issuer, &key.PublicKey, signer)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("create certificate %q: %w", tmpl.Subject.CommonName, err)
 	}
 	leaf, err := x509.ParseCertificate(der)
 	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("parse certificate: %w", err)
+		return tls.Certificate{}, fmt.Errorf("parse certificate %q: %w", tmpl.Subject.CommonName, err)
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+// CA is a certificate authority that exists only in memory: what a test,
+// or an operator trying mutual TLS out locally, needs to issue a picker's
+// serving certificate and its gateways' client certificates, and to write
+// the bundle --client-ca reads.
+type CA struct {
+	// Cert is the CA's own certificate (Leaf parsed) and key.
+	Cert tls.Certificate
+}
+
+// NewCA returns a new CA named name, valid for ten years.
+func NewCA(name string) (*CA, error) {
+	tmpl := template(name, nil)
+	tmpl.DNSNames, tmpl.IPAddresses = nil, nil
+	tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageCRLSign
+	tmpl.IsCA = true
+	cert, err := create(tmpl, nil)
+	if err != nil {
+		return nil, fmt.Errorf("CA %q: %w", name, err)
+	}
+	return &CA{Cert: cert}, nil
+}
+
+// Server issues a serving certificate for localhost, the loopback
+// addresses and hosts.
+func (ca *CA) Server(name string, hosts ...string) (tls.Certificate, error) {
+	tmpl := template(name, hosts)
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	return ca.issue(tmpl)
+}
+
+// Replica issues a picker replica's serving certificate that also serves
+// as its client certificate: with --client-ca and leader election a
+// follower presents it to the leader it forwards to.
+func (ca *CA) Replica(name string, hosts ...string) (tls.Certificate, error) {
+	tmpl := template(name, hosts)
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	return ca.issue(tmpl)
+}
+
+// Client issues a client certificate with CommonName name, as a gateway
+// presents to a picker run with --client-ca.
+func (ca *CA) Client(name string) (tls.Certificate, error) {
+	tmpl := template(name, nil)
+	tmpl.DNSNames, tmpl.IPAddresses = nil, nil
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	return ca.issue(tmpl)
+}
+
+func (ca *CA) issue(tmpl *x509.Certificate) (tls.Certificate, error) {
+	cert, err := create(tmpl, &ca.Cert)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("CA %q: %w", ca.Cert.Leaf.Subject.CommonName, err)
+	}
+	return cert, nil
+}
+
+// PEM returns the CA's certificate in PEM, the format of a ca.crt bundle.
+func (ca *CA) PEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Certificate[0]})
+}
+
+// Pool returns a pool holding only the CA, for a peer that verifies
+// certificates it issued.
+func (ca *CA) Pool() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(ca.Cert.Leaf)
+	return p
 }
 
 // ServerConfig returns a TLS 1.2+ server configuration offering ALPN h2, as
@@ -75,6 +168,23 @@ func ServerConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) 
 		NextProtos:     []string{"h2"},
 		GetCertificate: getCert,
 	}
+}
+
+// MutualServerConfig is ServerConfig that also requires every client to
+// present a certificate that verifies against clientCAs, asked for at each
+// handshake (for example (*CAReloader).Pool): a rotated bundle applies to
+// the next connection, and connections already established keep the
+// verification they passed.
+func MutualServerConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), clientCAs func() *x509.CertPool) *tls.Config {
+	base := ServerConfig(getCert)
+	base.ClientAuth = tls.RequireAndVerifyClientCert
+	cfg := base.Clone()
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		c := base.Clone()
+		c.ClientCAs = clientCAs()
+		return c, nil
+	}
+	return cfg
 }
 
 // Static returns a GetCertificate function that always serves cert.
@@ -91,82 +201,6 @@ func ClientConfig(insecureSkipVerify bool) *tls.Config {
 		NextProtos:         []string{"h2"},
 		InsecureSkipVerify: insecureSkipVerify, //nolint:gosec // opt-in, documented above
 	}
-}
-
-// Reloader serves the key pair in a directory and reloads it when either
-// file's modification time or size changes. A failed reload keeps serving
-// the last good pair, so a half-written secret update cannot take the
-// listener down.
-type Reloader struct {
-	certPath, keyPath string
-
-	mu      sync.Mutex
-	cert    *tls.Certificate
-	stamp   [2]fileStamp
-	lastErr error
-}
-
-type fileStamp struct {
-	mod  time.Time
-	size int64
-}
-
-// NewReloader loads dir/tls.crt and dir/tls.key; it fails if they do not
-// form a valid pair now.
-func NewReloader(dir string) (*Reloader, error) {
-	r := &Reloader{certPath: filepath.Join(dir, CertFile), keyPath: filepath.Join(dir, KeyFile)}
-	if err := r.reload(); err != nil {
-		return nil, err
-	}
-	return r, nil
-}
-
-func stamp(path string) (fileStamp, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fileStamp{}, fmt.Errorf("stat %s: %w", path, err)
-	}
-	return fileStamp{mod: fi.ModTime(), size: fi.Size()}, nil
-}
-
-// reload loads the pair if the files changed since the last load. It must
-// be called with mu held (or before r is shared).
-func (r *Reloader) reload() error {
-	cs, err := stamp(r.certPath)
-	if err != nil {
-		return err
-	}
-	ks, err := stamp(r.keyPath)
-	if err != nil {
-		return err
-	}
-	if r.cert != nil && cs == r.stamp[0] && ks == r.stamp[1] {
-		return nil
-	}
-	cert, err := tls.LoadX509KeyPair(r.certPath, r.keyPath)
-	if err != nil {
-		return fmt.Errorf("load key pair %s, %s: %w", r.certPath, r.keyPath, err)
-	}
-	r.cert, r.stamp = &cert, [2]fileStamp{cs, ks}
-	return nil
-}
-
-// GetCertificate returns the current pair, reloading it first if the files
-// changed. Handshakes are rare (gateways hold long-lived HTTP/2
-// connections), so two stat calls per handshake cost nothing noticeable.
-func (r *Reloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.lastErr = r.reload()
-	return r.cert, nil
-}
-
-// LastError returns the error of the most recent reload attempt, nil when
-// the served pair is current.
-func (r *Reloader) LastError() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.lastErr
 }
 
 // EncodePEM returns a certificate chain and its private key in PEM, the

@@ -101,7 +101,7 @@ func TestReloader(t *testing.T) {
 	dir := t.TempDir()
 	t0 := time.Now().Add(-time.Hour)
 	first := writePair(t, dir, t0)
-	r, err := NewReloader(dir)
+	r, err := NewReloader(dir, nil)
 	if err != nil {
 		t.Fatalf("NewReloader: %v", err)
 	}
@@ -137,7 +137,178 @@ func TestReloader(t *testing.T) {
 	if r.LastError() == nil {
 		t.Error("LastError is nil after a broken update")
 	}
-	if _, err := NewReloader(t.TempDir()); err == nil {
+	if _, err := NewReloader(t.TempDir(), nil); err == nil {
 		t.Error("NewReloader on an empty directory succeeded")
+	}
+}
+
+func TestMutualServerConfig(t *testing.T) {
+	trusted, err := NewCA("trusted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := NewCA("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving, err := trusted.Server("picker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, err := trusted.Client("gateway")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := other.Client("gateway")
+	if err != nil {
+		t.Fatal(err)
+	}
+	misused, err := trusted.Server("not-a-client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := MutualServerConfig(Static(serving), trusted.Pool)
+	tests := []struct {
+		name    string
+		certs   []tls.Certificate
+		wantErr bool
+	}{
+		{name: "client certificate from the CA", certs: []tls.Certificate{good}},
+		{name: "no client certificate", wantErr: true},
+		{name: "client certificate from another CA", certs: []tls.Certificate{bad}, wantErr: true},
+		{name: "server-only certificate as a client's", certs: []tls.Certificate{misused}, wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cli := ClientConfig(false)
+			cli.RootCAs = trusted.Pool()
+			cli.ServerName = "localhost"
+			cli.Certificates = tc.certs
+			err := mutualHandshake(t, srv, cli)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("handshake error %v, want error %v", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// mutualHandshake is handshake for a server that judges the client: with
+// TLS 1.3 the client's handshake returns before the server has checked
+// the client certificate, so the verdict is what the server's side
+// returns.
+func mutualHandshake(t *testing.T, srv, cli *tls.Config) error {
+	t.Helper()
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", srv)
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	defer lis.Close()
+	verdict := make(chan error, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			verdict <- err
+			return
+		}
+		defer c.Close()
+		verdict <- c.(*tls.Conn).Handshake()
+	}()
+	c, err := tls.Dial("tcp", lis.Addr().String(), cli)
+	if err == nil {
+		defer c.Close()
+	}
+	if serr := <-verdict; serr != nil {
+		return serr
+	}
+	return err
+}
+
+// swapFile replaces path with a new file holding data, as a Kubernetes
+// volume update or an editor's save does: a new inode renamed over the
+// old one, here with the old modification time and the same size, so
+// only the file's identity tells the two apart.
+func swapFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(tmp, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCAReloader(t *testing.T) {
+	first, err := NewCA("ca-one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second CA of the same PEM size (signatures vary by a few bytes),
+	// so that only the file's identity tells the two files apart.
+	var second *CA
+	for range 50 {
+		if second, err = NewCA("ca-two"); err != nil {
+			t.Fatal(err)
+		}
+		if len(second.PEM()) == len(first.PEM()) {
+			break
+		}
+	}
+	path := filepath.Join(t.TempDir(), CAFile)
+	if err := os.WriteFile(path, first.PEM(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var reloads []error
+	r, err := NewCAReloader(path, func(err error) { reloads = append(reloads, err) })
+	if err != nil {
+		t.Fatalf("NewCAReloader: %v", err)
+	}
+	trusts := func(ca *CA) bool {
+		_, err := ca.Cert.Leaf.Verify(x509.VerifyOptions{Roots: r.Pool()})
+		return err == nil
+	}
+	if !trusts(first) || trusts(second) {
+		t.Fatalf("initial bundle: trusts first %v, second %v; want only first", trusts(first), trusts(second))
+	}
+	if len(reloads) != 0 {
+		t.Errorf("the initial load was reported as a reload: %v", reloads)
+	}
+
+	if len(first.PEM()) != len(second.PEM()) {
+		t.Fatalf("no second CA of the first's PEM size (%d bytes) in 50 tries", len(first.PEM()))
+	}
+	swapFile(t, path, second.PEM())
+	if !trusts(second) || trusts(first) {
+		t.Errorf("after the swap: trusts first %v, second %v; want only second", trusts(first), trusts(second))
+	}
+	if len(reloads) != 1 || reloads[0] != nil {
+		t.Errorf("reloads %v, want one successful", reloads)
+	}
+
+	swapFile(t, path, []byte("-----BEGIN NOTHING-----\n"))
+	for range 2 {
+		if !trusts(second) {
+			t.Error("a broken bundle replaced the last good one")
+		}
+	}
+	if r.LastError() == nil || len(reloads) != 2 || reloads[1] == nil {
+		t.Errorf("broken bundle: LastError %v, reloads %v; want the error reported once", r.LastError(), reloads)
+	}
+
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{filepath.Join(t.TempDir(), "missing"), empty, path} {
+		if _, err := NewCAReloader(bad, nil); err == nil {
+			t.Errorf("NewCAReloader(%s) succeeded without a certificate", bad)
+		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -83,16 +84,22 @@ func envoyListeners(t *testing.T, bs *bootstrapv3.Bootstrap) map[string]*hcmv3.H
 // TestChartEnvoyConfig parses the Envoy data plane's configuration as an
 // Envoy v3 Bootstrap (there is no Envoy binary here, so the API's own
 // validation rules are the check) and verifies the SPEC §7 wiring, with the
-// picker serving TLS (the default) and plaintext (the envoy CI set).
+// picker serving TLS (the default), plaintext (the envoy CI set) and
+// mutual TLS (Envoy presents a client certificate).
 func TestChartEnvoyConfig(t *testing.T) {
 	sets := ciValueSets(t)
 	tests := []struct {
 		name   string
 		render renderArgs
 		tls    bool
+		// clientCert is envoy.clientCertSecret, "" for none.
+		clientCert string
 	}{
 		{name: "tls", tls: true, render: renderArgs{release: "gw", namespace: "edge", set: []string{"envoy.enabled=true", "envoy.messageTimeout=120s"}}},
 		{name: "plaintext", render: renderArgs{release: "gw", namespace: "edge", valuesFiles: []string{sets["envoy"]}, set: []string{"envoy.messageTimeout=120s"}}},
+		{name: "mutual tls", tls: true, clientCert: "envoy-client", render: renderArgs{release: "gw", namespace: "edge", set: []string{
+			"envoy.enabled=true", "envoy.messageTimeout=120s", "epp.clientCA.secret=gateway-ca", "envoy.clientCertSecret=envoy-client",
+		}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -129,6 +136,8 @@ func TestChartEnvoyConfig(t *testing.T) {
 				if alpn := tlsCtx.GetCommonTlsContext().GetAlpnProtocols(); !slices.Equal(alpn, []string{"h2"}) {
 					t.Errorf("laneway_epp ALPN %v, want [h2]", alpn)
 				}
+				envoy := fromUnstructured[appsv1.Deployment](t, mustFind(t, objs, "Deployment", "gw-laneway-envoy"))
+				checkEnvoyClientCert(t, tc.clientCert, tlsCtx.GetCommonTlsContext(), cm.Data, envoy)
 			} else if epp.GetTransportSocket() != nil {
 				t.Errorf("laneway_epp uses TLS although the picker serves plaintext: %v", epp.GetTransportSocket())
 			}
@@ -192,5 +201,64 @@ func TestChartEnvoyConfig(t *testing.T) {
 				t.Error("readiness listener is not on envoy.readinessPort 19001")
 			}
 		})
+	}
+}
+
+// checkEnvoyClientCert: with envoy.clientCertSecret (secret) the picker
+// cluster's TLS presents a certificate from file-based SDS whose resource
+// file is in the ConfigMap and names the pair where the Deployment mounts
+// that Secret, watched for the kubelet's symlink swap; without it no
+// certificate is configured.
+func checkEnvoyClientCert(t *testing.T, secret string, tc *tlsv3.CommonTlsContext, files map[string]string, envoy *appsv1.Deployment) {
+	t.Helper()
+	sds := tc.GetTlsCertificateSdsSecretConfigs()
+	if secret == "" {
+		if len(sds) != 0 || len(tc.GetTlsCertificates()) != 0 || files["sds-client-cert.yaml"] != "" {
+			t.Errorf("a client certificate without envoy.clientCertSecret: %v %v", sds, tc.GetTlsCertificates())
+		}
+		return
+	}
+	if len(sds) != 1 {
+		t.Fatalf("laneway_epp TLS certificate SDS configs %v, want one", sds)
+	}
+	src := sds[0].GetSdsConfig().GetPathConfigSource()
+	const dir, file = "/etc/envoy", "sds-client-cert.yaml"
+	if src.GetPath() != dir+"/"+file || src.GetWatchedDirectory().GetPath() != dir {
+		t.Errorf("SDS source %v, want %s/%s watched in %s", src, dir, file, dir)
+	}
+	js, err := yaml.YAMLToJSON([]byte(files[file]))
+	if err != nil {
+		t.Fatalf("%s is not YAML: %v", file, err)
+	}
+	var resp discoveryv3.DiscoveryResponse
+	if err := protojson.Unmarshal(js, &resp); err != nil {
+		t.Fatalf("%s is not a v3 DiscoveryResponse: %v\n%s", file, err, files[file])
+	}
+	if len(resp.GetResources()) != 1 {
+		t.Fatalf("%s holds %d resources, want the one secret", file, len(resp.GetResources()))
+	}
+	var sec tlsv3.Secret
+	unpackValid(t, file, resp.GetResources()[0], &sec)
+	if sec.GetName() != sds[0].GetName() {
+		t.Errorf("SDS secret %q, the cluster asks for %q", sec.GetName(), sds[0].GetName())
+	}
+	var mount string
+	for _, m := range envoy.Spec.Template.Spec.Containers[0].VolumeMounts {
+		for _, v := range envoy.Spec.Template.Spec.Volumes {
+			if v.Name == m.Name && v.Secret != nil && v.Secret.SecretName == secret {
+				if m.SubPath != "" || !m.ReadOnly {
+					t.Errorf("client certificate mounted %+v: want the whole volume (a subPath sees no updates), read-only", m)
+				}
+				mount = m.MountPath
+			}
+		}
+	}
+	if mount == "" || strings.HasPrefix(mount, dir+"/") {
+		t.Fatalf("Secret %s mounted at %q, want a directory of its own outside %s", secret, mount, dir)
+	}
+	cert := sec.GetTlsCertificate()
+	if cert.GetCertificateChain().GetFilename() != mount+"/tls.crt" || cert.GetPrivateKey().GetFilename() != mount+"/tls.key" ||
+		cert.GetWatchedDirectory().GetPath() != mount {
+		t.Errorf("SDS certificate %v, want %s/tls.crt and tls.key, watched in %s", cert, mount, mount)
 	}
 }

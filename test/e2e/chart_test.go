@@ -560,6 +560,12 @@ func TestChartSchemaRejects(t *testing.T) {
 		{"metadata path not under the provider", "envoy:\n  enabled: true\n  jwt: {provider: p, issuer: i, localJwks: '{}'}\n" +
 			"policy:\n  profile:\n    identity: {metadata: {namespace: envoy.filters.http.jwt_authn, path: [other, sub]}}\n",
 			[]string{"policy.profile.identity.metadata.path", `envoy.jwt.provider "p"`}},
+		{"client CA from two sources", "epp:\n  clientCA: {secret: a, configMap: b}\n", []string{"epp.clientCA", "not both"}},
+		{"client CA without TLS", "epp:\n  secureServing: false\n  clientCA: {secret: a}\n", []string{"epp.clientCA needs epp.secureServing"}},
+		{"client CA with leader election and a self-signed certificate", "epp:\n  replicas: 2\n  clientCA: {secret: a}\n", []string{"epp.clientCA with leader election needs epp.tlsSecret"}},
+		{"client CA without Envoy's certificate", "envoy:\n  enabled: true\nepp:\n  clientCA: {secret: a}\n", []string{"envoy.clientCertSecret", "epp.clientCA"}},
+		{"Envoy certificate without TLS", "envoy:\n  enabled: true\n  clientCertSecret: c\nepp:\n  secureServing: false\n", []string{"envoy.clientCertSecret needs epp.secureServing"}},
+		{"client CA key with a slash", "epp:\n  clientCA: {secret: a, key: ca/crt}\n", []string{"/epp/clientCA/key"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

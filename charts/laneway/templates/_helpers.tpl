@@ -137,3 +137,33 @@ and JWT values that only make sense together.
 {{- end }}
 {{- uniq $strip | toJson }}
 {{- end }}
+
+{{/*
+Mutual TLS checks, rendered nowhere: a client CA needs TLS, comes from one
+source, and the chart's own Envoy must then present a certificate, or it
+could never reach the picker.
+*/}}
+{{- define "laneway.validateMutualTLS" -}}
+{{- $ca := .Values.epp.clientCA }}
+{{- if and $ca.secret $ca.configMap }}
+{{- fail (printf "epp.clientCA: give secret (%q) or configMap (%q), not both" $ca.secret $ca.configMap) }}
+{{- end }}
+{{- if and (or $ca.secret $ca.configMap) (not .Values.epp.secureServing) }}
+{{- fail "epp.clientCA needs epp.secureServing: client certificates are part of TLS" }}
+{{- end }}
+{{- if and .Values.envoy.enabled .Values.envoy.clientCertSecret (not .Values.epp.secureServing) }}
+{{- fail "envoy.clientCertSecret needs epp.secureServing: Envoy presents its certificate in the TLS handshake with the picker" }}
+{{- end }}
+{{- if and (or $ca.secret $ca.configMap) (include "laneway.leaderElection" . | eq "true") (not .Values.epp.tlsSecret) }}
+{{- fail "epp.clientCA with leader election needs epp.tlsSecret: followers forward streams to the leader presenting their serving certificate, which must chain to the client CA and allow client auth (a self-signed one never does)" }}
+{{- end }}
+{{- if and .Values.envoy.enabled (or $ca.secret $ca.configMap) (not .Values.envoy.clientCertSecret) }}
+{{- fail "envoy.clientCertSecret is empty but epp.clientCA is set: the picker would refuse the chart's Envoy, which presents no client certificate; name a kubernetes.io/tls Secret signed by the client CA" }}
+{{- end }}
+{{- end }}
+
+{{/* The --client-ca path inside the picker's container, or "". */}}
+{{- define "laneway.clientCAPath" -}}
+{{- $ca := .Values.epp.clientCA }}
+{{- if or $ca.secret $ca.configMap }}/etc/laneway/client-ca/{{ $ca.key }}{{ end }}
+{{- end }}

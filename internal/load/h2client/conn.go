@@ -51,8 +51,12 @@ type Decision struct {
 
 // Options configure a connection.
 type Options struct {
-	// Plan is what every stream plays; required.
+	// Plan is what every stream plays; required unless PlanOf is set.
 	Plan *Plan
+	// PlanOf, when set, chooses each stream's plan by its tag instead, for
+	// runs whose requests must differ (distinct prompts, as a prefix
+	// cache sees real traffic); it is called once per stream, by Start.
+	PlanOf func(tag int) *Plan
 	// Hold is how long a routed stream waits before its response phases.
 	Hold time.Duration
 	// TLS, when set, speaks TLS (ALPN h2); nil speaks cleartext HTTP/2.
@@ -85,6 +89,7 @@ type stream struct {
 	id    uint32
 	tag   int
 	state int
+	plan  *Plan
 
 	startedAt time.Duration // since Conn.epoch
 	sentAt    atomic.Int64  // since Conn.epoch, when the last request byte was written; 0 before
@@ -153,8 +158,8 @@ func (w appendWriter) Write(p []byte) (int, error) {
 
 // Dial connects to addr and starts the connection's goroutines.
 func Dial(ctx context.Context, addr string, o Options) (*Conn, error) {
-	if o.Plan == nil || o.OnDone == nil {
-		return nil, errors.New("h2client: Options.Plan and OnDone are required")
+	if (o.Plan == nil && o.PlanOf == nil) || o.OnDone == nil {
+		return nil, errors.New("h2client: Options.Plan (or PlanOf) and OnDone are required")
 	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
@@ -244,6 +249,10 @@ func (c *Conn) kick() {
 // Start opens a stream tagged tag and sends its request phase. Its outcome
 // arrives through OnDecision and OnDone.
 func (c *Conn) Start(tag int) {
+	plan := c.opts.Plan
+	if c.opts.PlanOf != nil {
+		plan = c.opts.PlanOf(tag) // before the lock: it may encode
+	}
 	c.mu.Lock()
 	var err error
 	switch {
@@ -261,12 +270,12 @@ func (c *Conn) Start(tag int) {
 		c.opts.OnDone(tag, err)
 		return
 	}
-	s := &stream{id: c.nextID, tag: tag, state: sRequest, sendWin: c.peerWin, startedAt: c.now(), stampAfter: true}
+	s := &stream{id: c.nextID, tag: tag, state: sRequest, plan: plan, sendWin: c.peerWin, startedAt: c.now(), stampAfter: true}
 	c.nextID += 2
 	c.streams[s.id] = s
 	err = c.wfr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: c.block, EndHeaders: true})
 	if err == nil {
-		c.send(s, c.opts.Plan.request, false)
+		c.send(s, s.plan.request, false)
 	}
 	if err == nil {
 		err = c.err // a DATA frame failed to encode
@@ -425,7 +434,7 @@ func (c *Conn) holdLoop() {
 // without waiting for the headers' answer. c.mu is held.
 func (c *Conn) respond(s *stream) {
 	s.state = sRespHeaders
-	c.send(s, c.opts.Plan.response, false)
+	c.send(s, s.plan.response, false)
 }
 
 // readLoop reads frames and runs every stream's protocol state.
@@ -651,7 +660,7 @@ func (c *Conn) onMessage(s *stream, msg []byte) error {
 		if s.state != sRespBody {
 			return fmt.Errorf("response body answered in state %s", stateNames[s.state])
 		}
-		if s.respAnswers++; s.respAnswers == c.opts.Plan.respBodyMsgs {
+		if s.respAnswers++; s.respAnswers == s.plan.respBodyMsgs {
 			s.state = sClosing
 			c.send(s, nil, true)
 		}
@@ -698,7 +707,7 @@ func (c *Conn) onHeaders(s *stream, f *http2.MetaHeadersFrame) {
 	case code != "0":
 		c.reset(s, http2.ErrCodeCancel, fmt.Errorf("grpc-status %s %q in state %s", code, msg, stateNames[s.state]))
 	case s.state == sImmediate || s.state == sClosing ||
-		s.state == sRespBody && s.respAnswers == c.opts.Plan.respBodyMsgs:
+		s.state == sRespBody && s.respAnswers == s.plan.respBodyMsgs:
 		if !s.localEnd {
 			_ = c.wfr.WriteRSTStream(s.id, http2.ErrCodeNo) // close our half too
 		}

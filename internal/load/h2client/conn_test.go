@@ -278,3 +278,43 @@ func TestResponseKind(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanOf: with PlanOf each stream plays the plan chosen by its tag:
+// even tags a small body the processor routes, odd tags one it rejects.
+func TestPlanOf(t *testing.T) {
+	addr := serve(t, echo{rejectFrom: 100_000})
+	small, large := plan(t, 1500, nil), plan(t, 150_000, nil)
+	const n = 40
+	r := newRecorder(t, n)
+	c, err := Dial(context.Background(), addr, Options{
+		PlanOf: func(tag int) *Plan {
+			if tag%2 == 0 {
+				return small
+			}
+			return large
+		},
+		Hold: time.Millisecond, OnDecision: r.decided, OnDone: r.finished,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	for i := range n {
+		c.Start(i)
+	}
+	r.wait(t)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range n {
+		want := 0
+		if i%2 == 1 {
+			want = 413
+		}
+		if d := r.decisions[i]; d.Status != want || r.done[i] != nil {
+			t.Errorf("stream %d: decision %+v done %v, want status %d and a clean end", i, d, r.done[i], want)
+		}
+	}
+	if _, err := Dial(context.Background(), addr, Options{OnDone: r.finished}); err == nil {
+		t.Error("Dial without Plan or PlanOf succeeded")
+	}
+}

@@ -1,0 +1,75 @@
+package epp
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseEndpoints(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    []string
+		wantErr []string
+	}{
+		{name: "empty"},
+		{name: "comments only", in: "# none yet\n\n   # still none\n"},
+		{name: "one per line", in: "10.0.0.1:8000\n10.0.0.2:8000\n", want: []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{name: "commas, spaces and trailing comments", in: " 10.0.0.1:8000 , 10.0.0.2:8000 # rack a\r\n[fd00::1]:8000", want: []string{"10.0.0.1:8000", "10.0.0.2:8000", "[fd00::1]:8000"}},
+		{name: "bad entries named with their lines", in: "10.0.0.1:8000\n10.0.0.2\n\nhost:1:2\n", want: []string{"10.0.0.1:8000"},
+			wantErr: []string{`line 2: "10.0.0.2"`, `line 4: "host:1:2"`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseEndpoints([]byte(tc.in))
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("endpoints %q, want %q", got, tc.want)
+			}
+			if len(tc.wantErr) == 0 && err != nil {
+				t.Fatalf("error %v", err)
+			}
+			for _, w := range tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("error %v does not contain %s", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestEndpointsFileOptions(t *testing.T) {
+	tests := []struct {
+		name      string
+		configure func(*Options)
+		wantErr   string
+	}{
+		{name: "file alone", configure: func(o *Options) { o.EndpointsFile = "eps" }},
+		{name: "with --endpoints", configure: func(o *Options) { o.EndpointsFile, o.Endpoints = "eps", []string{"10.0.0.1:80"} },
+			wantErr: "--endpoints and --endpoints-file exclude each other"},
+		{name: "with --pool-name", configure: func(o *Options) { o.EndpointsFile, o.Kube.PoolName = "eps", "llm" },
+			wantErr: "--endpoints-file and --pool-name exclude each other"},
+		{name: "no poll interval", configure: func(o *Options) { o.EndpointsFile, o.PolicyPollInterval = "eps", 0 },
+			wantErr: "--policy-poll-interval: 0s must be positive"},
+		{name: "no poll interval, nothing to poll", configure: func(o *Options) { o.PolicyPollInterval = -time.Second }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := testOptions(tc.configure).Validate()
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("Validate: %v, want %q", err, tc.wantErr)
+			}
+		})
+	}
+	if _, err := standaloneEndpoints(testOptions(func(o *Options) { o.EndpointsFile = t.TempDir() + "/missing" })); err == nil ||
+		!strings.Contains(err.Error(), "--endpoints-file") {
+		t.Errorf("a missing endpoints file: %v, want an error naming --endpoints-file", err)
+	}
+}

@@ -1,0 +1,53 @@
+package integration
+
+import (
+	"net"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/laneway-dev/laneway/internal/launch"
+)
+
+// TestPprofBind: --pprof-port serves on the loopback address unless
+// --pprof-bind names another, whatever --bind-address says: profiles
+// expose the process's internals and must not reach the pod network by
+// accident.
+func TestPprofBind(t *testing.T) {
+	const bind = "127.0.0.3" // the other servers' address, not 127.0.0.1
+	tests := []struct {
+		name           string
+		args           []string
+		serves, refuse string
+	}{
+		{name: "default", serves: "127.0.0.1", refuse: bind},
+		{name: "explicit", args: []string{"--pprof-bind=" + bind}, serves: bind, refuse: "127.0.0.1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			launch.CheckGoroutines(t)
+			port, err := launch.FreePortOnAll([]string{"127.0.0.1", bind})
+			if err != nil {
+				t.Skipf("loopback address %s not usable here: %v", bind, err)
+			}
+			p := startEPP(t, launch.PickerOptions{Bind: bind, Args: append([]string{"--pprof-port=" + strconv.Itoa(port)}, tc.args...)})
+			if host, _, _ := net.SplitHostPort(p.MetricsAddr); host != bind {
+				t.Fatalf("metrics on %s, want --bind-address %s", p.MetricsAddr, bind)
+			}
+			url := "http://" + launch.HostPort(tc.serves, port) + "/debug/pprof/cmdline"
+			resp, err := (&http.Client{Timeout: launch.EventTimeout}).Get(url)
+			if err != nil {
+				t.Fatalf("pprof on %s: %v", tc.serves, err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("GET %s: %s", url, resp.Status)
+			}
+			if c, err := net.DialTimeout("tcp", launch.HostPort(tc.refuse, port), 2*time.Second); err == nil {
+				c.Close()
+				t.Errorf("pprof port %d also accepts connections on %s", port, tc.refuse)
+			}
+		})
+	}
+}
