@@ -73,8 +73,20 @@ const (
 // stream until the leader's first answer, to replay them locally when the
 // leader fails or refuses before answering. A larger request is still
 // forwarded, but a leader failure before its answer then ends the stream
-// with Unavailable instead of a local decision.
+// with Unavailable instead of a local decision. The kept bytes also count
+// against the replica's held-body budget (--max-held-body-bytes): they are
+// request bytes held for a stream not answered yet, and a follower in front
+// of a saturated leader holds one copy per queued stream. A copy the budget
+// cannot take is not kept, with the same consequence as a large request:
+// the stream is forwarded all the same, never refused for it.
 const replayLimit = 1 << 20
+
+// heldBudget is the replica's held-body budget, as the forwarder uses it
+// for its replay copies (extproc.Server implements it).
+type heldBudget interface {
+	ReserveHeldBodyBytes(n int64) bool
+	ReleaseHeldBodyBytes(n int64)
+}
 
 // leaderView is what the forwarder needs from the elector.
 type leaderView interface {
@@ -225,7 +237,8 @@ func (f *forwarder) proxy(gw extprocv3.ExternalProcessor_ProcessServer, lc *lead
 	ctx, cancel := context.WithCancel(gw.Context())
 	defer cancel()
 	upCtx := metadata.AppendToOutgoingContext(ctx, forwardedByKey, f.self)
-	p := &pump{gw: gw, kept: true, rest: make(chan recvResult)}
+	p := &pump{gw: gw, held: f.local, kept: true, rest: make(chan recvResult)}
+	defer p.commit() // whatever way the stream ends, its copies go
 	up, err := extprocv3.NewExternalProcessorClient(lc.conn).Process(upCtx)
 	if err != nil {
 		p.broken.Store(true)
@@ -320,11 +333,12 @@ type pump struct {
 	up     extprocv3.ExternalProcessor_ProcessClient
 	broken atomic.Bool // the upstream failed: stop sending to it
 	rest   chan recvResult
+	held   heldBudget // where the kept bytes are counted; nil: nowhere
 
 	mu       sync.Mutex
 	kept     bool // replay holds every message so far
 	replay   []*extprocv3.ProcessingRequest
-	size     int
+	size     int64 // bytes in replay, taken from held
 	end      error // the gateway's last Recv error, once it came
 	diverted bool
 }
@@ -348,9 +362,10 @@ func (p *pump) run(cancel context.CancelFunc) {
 		if err != nil {
 			p.end = err
 		} else if p.kept {
-			if p.size += proto.Size(m); p.size > replayLimit {
-				p.kept, p.replay = false, nil
+			if n := int64(proto.Size(m)); p.size+n > replayLimit || !p.take(n) {
+				p.dropLocked()
 			} else {
+				p.size += n
 				p.replay = append(p.replay, m)
 			}
 		}
@@ -377,8 +392,22 @@ func (p *pump) run(cancel context.CancelFunc) {
 // back.
 func (p *pump) commit() {
 	p.mu.Lock()
-	p.kept, p.replay = false, nil
+	p.dropLocked()
 	p.mu.Unlock()
+}
+
+// take reserves n bytes of the held-body budget for a kept message.
+func (p *pump) take(n int64) bool {
+	return p.held == nil || p.held.ReserveHeldBodyBytes(n)
+}
+
+// dropLocked stops keeping messages and gives their bytes back to the
+// budget. p.mu is held.
+func (p *pump) dropLocked() {
+	if p.held != nil && p.size > 0 {
+		p.held.ReleaseHeldBodyBytes(p.size)
+	}
+	p.kept, p.replay, p.size = false, nil, 0
 }
 
 // divert turns the stream over to the local handler, when every message
@@ -393,7 +422,8 @@ func (p *pump) divert() (*replayStream, bool) {
 	}
 	p.diverted = true
 	rs := &replayStream{msgs: p.replay, end: p.end, rest: p.rest}
-	p.kept, p.replay = false, nil
+	// The local handler counts the replayed body in the budget itself.
+	p.dropLocked()
 	return rs, true
 }
 

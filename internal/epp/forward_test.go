@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/laneway-dev/laneway/internal/tlsutil"
 )
@@ -124,6 +126,78 @@ func TestPumpDivert(t *testing.T) {
 	bg.msgs <- msg(2)
 	if _, ok := big.divert(); ok {
 		t.Error("a stream past replayLimit was diverted")
+	}
+}
+
+// countingBudget is a held-body budget that records what is taken.
+type countingBudget struct {
+	mu          sync.Mutex
+	limit, held int64
+}
+
+func (b *countingBudget) ReserveHeldBodyBytes(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held+n > b.limit {
+		return false
+	}
+	b.held += n
+	return true
+}
+
+func (b *countingBudget) ReleaseHeldBodyBytes(n int64) {
+	b.mu.Lock()
+	b.held -= n
+	b.mu.Unlock()
+}
+
+func (b *countingBudget) now() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.held
+}
+
+// TestPumpCountsCopiesInTheBudget: the kept messages hold their bytes in
+// the replica's budget; a message the budget cannot take ends the keeping
+// and gives every kept byte back; commit and divert give them back too.
+func TestPumpCountsCopiesInTheBudget(t *testing.T) {
+	body := func(n int) *extprocv3.ProcessingRequest {
+		return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: make([]byte, n)}}}
+	}
+	size := int64(proto.Size(body(1000)))
+	tests := []struct {
+		name      string
+		limit     int64
+		end       func(p *pump) bool // ends the keeping; reports whether the copy was diverted
+		wantKept  int64              // bytes held after two messages
+		wantAfter bool               // divert succeeds
+	}{
+		{"both fit, commit", 3 * size, func(p *pump) bool { p.commit(); return false }, 2 * size, false},
+		{"both fit, divert", 3 * size, func(p *pump) bool { _, ok := p.divert(); return ok }, 2 * size, true},
+		{"the second does not fit", size + size/2, func(p *pump) bool { _, ok := p.divert(); return ok }, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			b := &countingBudget{limit: tt.limit}
+			gw := &fakeGateway{ctx: ctx, msgs: make(chan *extprocv3.ProcessingRequest, 2)}
+			p := &pump{gw: gw, held: b, kept: true, rest: make(chan recvResult)}
+			p.broken.Store(true)
+			gw.msgs <- body(1000)
+			gw.msgs <- body(1000)
+			close(gw.msgs)
+			p.run(func() {}) // returns at the gateway's end, both messages counted
+			if got := b.now(); got != tt.wantKept {
+				t.Fatalf("budget holds %d bytes for two kept %d-byte messages, want %d", got, size, tt.wantKept)
+			}
+			if got := tt.end(p); got != tt.wantAfter {
+				t.Errorf("diverted = %v, want %v", got, tt.wantAfter)
+			}
+			if got := b.now(); got != 0 {
+				t.Errorf("budget holds %d bytes after the keeping ended, want 0", got)
+			}
+		})
 	}
 }
 

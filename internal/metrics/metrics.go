@@ -111,7 +111,7 @@ func RegisterHeldBytes(reg prometheus.Registerer, h HeldBytes) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "laneway_held_body_bytes",
-			Help: "Request body bytes held (or reserved from content-length) by requests whose body has not been passed back to the gateway yet.",
+			Help: "Request body bytes held (or reserved from content-length) by requests whose body has not been passed back to the gateway yet, and on an HA follower the copies of forwarded streams the leader has not answered.",
 		}, func() float64 { return float64(h.HeldBodyBytes()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "laneway_held_body_bytes_limit",

@@ -172,6 +172,20 @@ func (s *Server) HeldBodyBytes() int64 { return s.held.held.Load() }
 // MaxHeldBodyBytes returns the limit of HeldBodyBytes.
 func (s *Server) MaxHeldBodyBytes() int64 { return s.held.limit }
 
+// ReserveHeldBodyBytes takes n bytes of the held-body budget for a layer
+// in front of the Server that keeps its own copy of request bytes while a
+// stream is unanswered (the HA follower's replay copy), so that the copy
+// counts against the same memory budget as the bodies the Server holds. It
+// reports false, taking nothing, when n does not fit; the caller must then
+// not keep the copy. Bytes taken are given back with ReleaseHeldBodyBytes.
+func (s *Server) ReserveHeldBodyBytes(n int64) bool {
+	_, ok := s.held.reserve(n)
+	return ok
+}
+
+// ReleaseHeldBodyBytes gives back n bytes taken by ReserveHeldBodyBytes.
+func (s *Server) ReleaseHeldBodyBytes(n int64) { s.held.release(n) }
+
 // Register adds the ExternalProcessor service to a gRPC server.
 func (s *Server) Register(r grpc.ServiceRegistrar) {
 	extprocv3.RegisterExternalProcessorServer(r, s)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -111,6 +112,68 @@ func TestFollowerForwardsToLeader(t *testing.T) {
 		follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "forwarded"),
 		follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "local"),
 		follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "fallback"))
+}
+
+// TestFollowerReplayCountsInItsBudget: a follower keeps a copy of each
+// forwarded stream's messages until the leader's first answer (to replay
+// the stream locally if the leader fails first). Those copies are request
+// bytes held for a stream not answered yet, so they count against the
+// follower's --max-held-body-bytes: the gauge shows them, it never passes
+// the budget, and a stream whose copy does not fit is still forwarded and
+// routed (it only loses the local replay), never refused.
+func TestFollowerReplayCountsInItsBudget(t *testing.T) {
+	const budget = 256 << 10
+	e := newEnv(t, false)
+	e.createPool("pool", "llm")
+	a := e.addPod("a", podSpec{app: "llm", ready: true})
+	e.create(policyClass("lane", "pool", 100, ptr.To[int64](0)))
+	leader := e.startEPP("epp-1", "pool", electionFlags()...)
+	leader.waitReady()
+	e.waitClass("lane", "accepted", accepted("True", "Accepted"))
+	follower := e.startEPP("epp-2", "pool", append(electionFlags(), "--max-body-bytes=200000", fmt.Sprintf("--max-held-body-bytes=%d", budget))...)
+	follower.waitReady()
+	if h := e.leaseHolder(); h != leader.identity() {
+		t.Fatalf("Lease held by %q, want the first replica %q", h, leader.identity())
+	}
+	leader.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
+	follower.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
+	launch.WaitFor(t, func() string { return "the follower never forwarded a stream to the leader" }, func() bool {
+		serve(t, follower.start(ctx(t), request("lane")))
+		return follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "forwarded") > 0
+	})
+
+	// The leader's pod is busy: forwarded streams wait unanswered in the
+	// leader's queue while the follower keeps their copies.
+	held := leader.start(ctx(t), request("lane"))
+	routed(t, held)
+	big := request("lane")
+	big.Body = []byte(`{"model":"m","prompt":"` + strings.Repeat("lorem ", 100<<10/6) + `","max_tokens":1}`)
+	heldBytes := func() float64 { return follower.Metrics.Value(t, "laneway_held_body_bytes") }
+	var queued []<-chan result
+	for i := range 4 {
+		queued = append(queued, startAsync(follower, big))
+		leader.Metrics.Await(t, float64(i+1), "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
+		if i == 0 {
+			launch.WaitFor(t, func() string {
+				return fmt.Sprintf("follower holds %v body bytes for a forwarded, unanswered %d-byte body, want at least that", heldBytes(), len(big.Body))
+			}, func() bool { return heldBytes() >= float64(len(big.Body)) })
+		}
+		if got := heldBytes(); got > budget {
+			t.Fatalf("follower holds %v body bytes with %d streams waiting, past its budget %d", got, i+1, budget)
+		}
+	}
+	t.Logf("follower holds %v body bytes for 4 waiting %d-byte bodies (budget %d)", heldBytes(), len(big.Body), budget)
+	serve(t, held)
+	for i, q := range queued {
+		r := <-q
+		if r.err != nil {
+			t.Fatalf("forwarded stream %d: %v", i, r.err)
+		}
+		serve(t, r.ex) // routed: not a 429, the budget only limits the copies
+	}
+	launch.WaitFor(t, func() string {
+		return fmt.Sprintf("follower still holds %v body bytes with every stream answered", heldBytes())
+	}, func() bool { return heldBytes() == 0 })
 }
 
 // TestRollingUpdate plays the Deployment controller of a two-replica
