@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/laneway-dev/laneway/internal/epp"
+	"github.com/laneway-dev/laneway/internal/logging"
 )
 
 func main() {
@@ -28,7 +29,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "epp:", err)
 		os.Exit(2)
 	}
-	log := epp.NewLogger(opts.Verbosity, os.Stderr)
+	log := logging.New(opts.Verbosity, os.Stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	run := epp.Run // standalone: --endpoints and --policy-config

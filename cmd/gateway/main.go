@@ -12,10 +12,9 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
-	"go.uber.org/zap/zapcore"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/laneway-dev/laneway/internal/gateway"
+	"github.com/laneway-dev/laneway/internal/logging"
 )
 
 func main() {
@@ -27,7 +26,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		os.Exit(2)
 	}
-	log := zap.New(zap.Level(zapcore.Level(-cfg.Verbosity)))
+	log := logging.New(cfg.Verbosity, os.Stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := gateway.Run(ctx, cfg, log); err != nil {

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"encoding/json"
+	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/laneway-dev/laneway/internal/launch"
@@ -49,5 +51,34 @@ func TestLogLevelNames(t *testing.T) {
 		if l.Level != tc.level || gotV != tc.v {
 			t.Errorf("line %q: level %q v %d, want level %q v %d", raw, l.Level, gotV, tc.level, tc.v)
 		}
+	}
+}
+
+// TestGatewayLogLevelNames: the local gateway logs with the picker's level
+// names too (its V(2) diagnostics were "Level(-2)" lines): a request it
+// cannot ask the picker about, once the picker has stopped, is answered
+// 500 and logged at "level":"info" with "v":2.
+func TestGatewayLogLevelNames(t *testing.T) {
+	bs := startBackends(t, 1)
+	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs)})
+	g := bins.RunGateway(t, launch.GatewayOptions{Picker: p, Args: []string{"-v=2"}})
+	if err := p.Stop(launch.DefaultStopGrace); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post(g.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hi","max_tokens":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusInternalServerError {
+		t.Errorf("status %d with the picker stopped, want 500", resp.StatusCode)
+	}
+	raw := g.WaitLog(t, `"msg":"ext_proc exchange failed"`)
+	var l logLine
+	if err := json.Unmarshal([]byte(raw), &l); err != nil {
+		t.Fatalf("line %q is not JSON: %v", raw, err)
+	}
+	if l.Level != "info" || l.V == nil || *l.V != 2 {
+		t.Errorf("line %q: want level \"info\" and v 2", raw)
 	}
 }

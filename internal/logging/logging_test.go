@@ -1,4 +1,4 @@
-package epp
+package logging
 
 import (
 	"bytes"
@@ -9,10 +9,10 @@ import (
 	"github.com/go-logr/logr"
 )
 
-// TestNewLoggerLevels: every Info line says level info with its verbosity
+// TestNewLevels: every Info line says level info with its verbosity
 // as v, through derived loggers too; lines above -v are not written;
 // errors say level error without v or a stack trace.
-func TestNewLoggerLevels(t *testing.T) {
+func TestNewLevels(t *testing.T) {
 	cases := []struct {
 		name  string
 		log   func(logr.Logger)
@@ -30,7 +30,7 @@ func TestNewLoggerLevels(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			tc.log(NewLogger(3, &buf))
+			tc.log(New(3, &buf))
 			if tc.want == nil {
 				if buf.Len() != 0 {
 					t.Fatalf("wrote %q, want nothing", buf.String())

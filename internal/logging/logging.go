@@ -1,4 +1,4 @@
-package epp
+package logging
 
 import (
 	"io"
@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
 
-// NewLogger returns the picker's JSON logger writing to w, enabled up to
+// New returns the JSON logger of Laneway's binaries writing to w, enabled up to
 // verbosity (-v). zap writes a logr V(n) line at level -n, which its JSON
 // encoder names "Level(-n)": log pipelines read that as no known level.
 // Like Kubernetes components, every Info line here says "level":"info"
@@ -17,7 +17,7 @@ import (
 // "level":"error". Errors carry no stack trace of the logging call: the
 // message and error say what failed, and the one stack worth printing, a
 // recovered panic's, is logged by whoever recovered it.
-func NewLogger(verbosity int, w io.Writer) logr.Logger {
+func New(verbosity int, w io.Writer) logr.Logger {
 	return zap.New(
 		zap.WriteTo(w),
 		zap.Level(zapcore.Level(-verbosity)),
