@@ -34,31 +34,8 @@ import (
 // shutting_down, and the follower, which had not answered the gateway
 // yet, replays the stream into its own scheduler: it is routed there.
 func TestFollowerForwardsToLeader(t *testing.T) {
-	e := newEnv(t, false)
-	e.createPool("pool", "llm")
-	a := e.addPod("a", podSpec{app: "llm", ready: true})
-	// Threshold 0: a dispatched prefill makes the pod busy, so the next
-	// request queues.
-	e.create(policyClass("lane", "pool", 100, ptr.To[int64](0)))
 	args := append(electionFlags(), "--secure-serving=true")
-	leader := e.startEPP("epp-1", "pool", args...)
-	leader.waitReady()
-	e.waitClass("lane", "accepted", accepted("True", "Accepted"))
-	follower := e.startEPP("epp-2", "pool", args...)
-	follower.waitReady() // a synced follower is ready too
-	if h := e.leaseHolder(); h != leader.identity() {
-		t.Fatalf("Lease held by %q, want the first replica %q", h, leader.identity())
-	}
-	leader.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
-	follower.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
-
-	// The follower schedules here until it has read the Lease and its
-	// connection to the leader is up (the first stream only asks it to
-	// connect): play streams through it until one was forwarded.
-	launch.WaitFor(t, func() string { return "the follower never forwarded a stream to the leader" }, func() bool {
-		serve(t, follower.start(ctx(t), request("lane")))
-		return follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "forwarded") > 0
-	})
+	e, a, leader, follower := forwardingPair(t, args, args)
 
 	// One queue: the forwarded request waits behind the leader's own.
 	held := leader.start(ctx(t), request("lane"))
@@ -123,24 +100,8 @@ func TestFollowerForwardsToLeader(t *testing.T) {
 // routed (it only loses the local replay), never refused.
 func TestFollowerReplayCountsInItsBudget(t *testing.T) {
 	const budget = 256 << 10
-	e := newEnv(t, false)
-	e.createPool("pool", "llm")
-	a := e.addPod("a", podSpec{app: "llm", ready: true})
-	e.create(policyClass("lane", "pool", 100, ptr.To[int64](0)))
-	leader := e.startEPP("epp-1", "pool", electionFlags()...)
-	leader.waitReady()
-	e.waitClass("lane", "accepted", accepted("True", "Accepted"))
-	follower := e.startEPP("epp-2", "pool", append(electionFlags(), "--max-body-bytes=200000", fmt.Sprintf("--max-held-body-bytes=%d", budget))...)
-	follower.waitReady()
-	if h := e.leaseHolder(); h != leader.identity() {
-		t.Fatalf("Lease held by %q, want the first replica %q", h, leader.identity())
-	}
-	leader.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
-	follower.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
-	launch.WaitFor(t, func() string { return "the follower never forwarded a stream to the leader" }, func() bool {
-		serve(t, follower.start(ctx(t), request("lane")))
-		return follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "forwarded") > 0
-	})
+	_, _, leader, follower := forwardingPair(t, electionFlags(),
+		append(electionFlags(), "--max-body-bytes=200000", fmt.Sprintf("--max-held-body-bytes=%d", budget)))
 
 	// The leader's pod is busy: forwarded streams wait unanswered in the
 	// leader's queue while the follower keeps their copies.
@@ -174,6 +135,38 @@ func TestFollowerReplayCountsInItsBudget(t *testing.T) {
 	launch.WaitFor(t, func() string {
 		return fmt.Sprintf("follower still holds %v body bytes with every stream answered", heldBytes())
 	}, func() bool { return heldBytes() == 0 })
+}
+
+// forwardingPair starts a pool with one ready pod "a" and a class "lane"
+// whose threshold 0 makes the pod busy while one prefill is dispatched (the
+// next request queues), a leader epp-1 and a follower epp-2 with their
+// flags, and returns once both are ready, follow the pod, and the follower
+// has forwarded a stream to the leader.
+func forwardingPair(t *testing.T, leaderArgs, followerArgs []string) (e *env, a pod, leader, follower *eppProc) {
+	t.Helper()
+	e = newEnv(t, false)
+	e.createPool("pool", "llm")
+	a = e.addPod("a", podSpec{app: "llm", ready: true})
+	e.create(policyClass("lane", "pool", 100, ptr.To[int64](0)))
+	leader = e.startEPP("epp-1", "pool", leaderArgs...)
+	leader.waitReady()
+	e.waitClass("lane", "accepted", accepted("True", "Accepted"))
+	follower = e.startEPP("epp-2", "pool", followerArgs...)
+	follower.waitReady() // a synced follower is ready too
+	if h := e.leaseHolder(); h != leader.identity() {
+		t.Fatalf("Lease held by %q, want the first replica %q", h, leader.identity())
+	}
+	leader.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
+	follower.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
+
+	// The follower schedules here until it has read the Lease and its
+	// connection to the leader is up (the first stream only asks it to
+	// connect): play streams through it until one was forwarded.
+	launch.WaitFor(t, func() string { return "the follower never forwarded a stream to the leader" }, func() bool {
+		serve(t, follower.start(ctx(t), request("lane")))
+		return follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "forwarded") > 0
+	})
+	return e, a, leader, follower
 }
 
 // TestRollingUpdate plays the Deployment controller of a two-replica
