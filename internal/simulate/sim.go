@@ -3,7 +3,6 @@ package simulate
 import (
 	"fmt"
 	"math"
-	"strings"
 	"time"
 
 	"github.com/laneway-dev/laneway/pkg/engine"
@@ -340,10 +339,7 @@ func (r *run) handleLeaves(t int64, leaves []sched.Leave) {
 		o.Class = r.classes[l.Class]
 		o.Queued = l.Queued
 		if l.Grant == nil {
-			status := int16(503)
-			if strings.HasPrefix(l.Reason, sched.ReasonQueueLimit) || l.Reason == sched.ReasonShed {
-				status = 429
-			}
+			status := int16(sched.StatusOf(l.Err))
 			if status == 429 && int(o.Attempts) <= r.opts.Retries {
 				r.h.push(event{at: t + int64(r.opts.RetryDelay), kind: evRetry, idx: sl.idx})
 			} else {

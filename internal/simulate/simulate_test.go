@@ -174,6 +174,40 @@ func TestLimitsAre429sAndRetries(t *testing.T) {
 	}
 }
 
+// TestTenantLimitsAre429s: a tenant's own queue limit is a 429 as the
+// picker answers it (queue_limit, the tenant named), counted and retried
+// as such, not a 503.
+func TestTenantLimitsAre429s(t *testing.T) {
+	pol := writeFile(t, "tenants.yaml", `tenants:
+  - name: x
+    match: {exact: [x]}
+    request_queue_limit: 2
+policy_classes:
+  - name: only
+    queue_policy: fcfs
+    quantum: 1
+    prefill_busy_threshold: 1000
+    tenant_fairness: true
+`)
+	var trace strings.Builder
+	for range 50 {
+		trace.WriteString(`{"arrival_ms": 0, "class": "only", "tenant": "x", "prompt_tokens": 900}` + "\n")
+	}
+	c := DefaultConfig()
+	c.Trace = writeFile(t, "t.jsonl", trace.String())
+	c.Policies = []string{pol}
+	c.Engine = DemoEngine()
+	p := runMain(t, c).Policies[0]
+	// Two go direct, two queue, the other 46 find tenant x at its limit.
+	if p.Total.Rejected429 != 46 || p.Total.Unavailable503 != 0 || p.Total.Completed != 4 {
+		t.Fatalf("429s %d, 503s %d, completed %d; want 46, 0 and 4", p.Total.Rejected429, p.Total.Unavailable503, p.Total.Completed)
+	}
+	c.Retries, c.RetryDelay = 100, 50*time.Millisecond
+	if p = runMain(t, c).Policies[0]; p.Total.Completed != 50 {
+		t.Fatalf("with retries: completed %d, want 50", p.Total.Completed)
+	}
+}
+
 // TestRequestsJSONL checks requests.jsonl's fields, order and values on a
 // three-request trace whose timeline is known: one server, 2000
 // tokens/s, 10 ms per decode step.

@@ -238,6 +238,19 @@ type Leave struct {
 	Wait   time.Duration
 }
 
+// StatusOf is the HTTP status the picker answers for a Leave's Err: 429
+// for a limit (a class's or a tenant's own, *drr.Rejection) and for a
+// wait-budget shed (*ShedError), which a client may retry later; 503 for
+// the rest (no endpoint, shutting down, cancelled).
+func StatusOf(err error) int {
+	var rej *drr.Rejection
+	var shed *ShedError
+	if errors.As(err, &rej) || errors.As(err, &shed) {
+		return 429
+	}
+	return 503
+}
+
 // EndpointSnapshot is one endpoint's accounting for metrics.
 type EndpointSnapshot struct {
 	Addr          string
