@@ -119,10 +119,8 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 	bins := launch.InDir(cfg.BinDir)
 	sim, err := bins.StartSim(ctx, launch.SimOptions{
 		Host: "127.0.0.2",
-		Args: []string{
-			"--max-num-seqs=4", "--max-num-batched-tokens=8192", "--enable-prefix-caching=false",
-			"--prefill-tokens-per-sec=40000", "--time-per-output-token=10ms",
-		},
+		// The engine the prediction simulates, so the two runs compare.
+		Args: simulate.DemoEngine().Args(),
 		Proc: proc(launch.CmdModelsim),
 	})
 	if err != nil {

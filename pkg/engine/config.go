@@ -84,6 +84,17 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.EnablePrefixCaching, "enable-prefix-caching", c.EnablePrefixCaching, "reuse cached prompt blocks")
 }
 
+// Args returns c as the command-line flags AddFlags defines, one
+// "--name=value" each, so that a process started with them (cmd/modelsim)
+// runs the engine a simulation of c models.
+func (c Config) Args() []string {
+	fs := pflag.NewFlagSet("engine", pflag.ContinueOnError)
+	c.AddFlags(fs)
+	var args []string
+	fs.VisitAll(func(f *pflag.Flag) { args = append(args, "--"+f.Name+"="+f.Value.String()) })
+	return args
+}
+
 // Validate reports the first setting that cannot work, naming its flag.
 func (c *Config) Validate() error {
 	switch {

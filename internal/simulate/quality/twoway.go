@@ -44,16 +44,6 @@ func twoWayEngine() engine.Config {
 	return c
 }
 
-func modelsimFlags(c engine.Config) []string {
-	return []string{
-		"--max-num-seqs=" + strconv.Itoa(c.MaxNumSeqs),
-		"--max-num-batched-tokens=" + strconv.Itoa(c.MaxNumBatchedTokens),
-		"--prefill-tokens-per-sec=" + strconv.FormatFloat(c.PrefillTokensPerSec, 'f', -1, 64),
-		"--time-per-output-token=" + c.TimePerOutputToken.String(),
-		"--enable-prefix-caching=" + strconv.FormatBool(c.EnablePrefixCaching),
-	}
-}
-
 // ClassComparison is one class's figures both ways.
 type ClassComparison struct {
 	Class string
@@ -243,7 +233,7 @@ func runReal(ctx context.Context, binDir, dir string, t *simulate.Trace, ec engi
 	proc := func(name string) launch.ProcOptions { return launch.ProcOptions{Name: name, LogLimit: 1 << 20} }
 	var addrs []string
 	for i := range twoWayServers {
-		s, err := bins.StartSim(ctx, launch.SimOptions{Host: simIP, Args: modelsimFlags(ec), Proc: proc(fmt.Sprintf("modelsim-%d", i))})
+		s, err := bins.StartSim(ctx, launch.SimOptions{Host: simIP, Args: ec.Args(), Proc: proc(fmt.Sprintf("modelsim-%d", i))})
 		if err != nil {
 			return nil, err
 		}
@@ -261,9 +251,36 @@ func runReal(ctx context.Context, binDir, dir string, t *simulate.Trace, ec engi
 		return nil, err
 	}
 	procs = append(procs, gw.Proc)
-	// Let the picker scrape every server once before the first request.
-	time.Sleep(time.Second)
+	// The picker avoids an endpoint it has not scraped yet: start once it
+	// has a good scrape of every server, as the simulated picker has.
+	if err := awaitScraped(ctx, epp.Metrics, len(addrs)); err != nil {
+		return nil, err
+	}
 	return replay(ctx, gw.URL+"/v1/completions", t)
+}
+
+// awaitScraped polls the picker's metrics until n endpoints report fresh
+// metrics (laneway_endpoint_metrics_stale 0 on each), for at most a
+// minute.
+func awaitScraped(ctx context.Context, page launch.Page, n int) error {
+	const series = "laneway_endpoint_metrics_stale"
+	deadline := time.Now().Add(time.Minute)
+	for {
+		m, err := page.Scrape(ctx)
+		if err == nil {
+			if stale, _ := m.Sum(series); stale == 0 && len(m.LabelValues(series, "endpoint")) == n {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the picker has no fresh metrics of all %d servers after a minute (last scrape error: %v)", n, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // replay sends the trace open loop: each request at its arrival time
