@@ -39,40 +39,31 @@ func ParseEndpoints(data []byte) ([]string, error) {
 	return eps, errors.Join(errs...)
 }
 
-// loadEndpointsFile reads and parses the file at path.
-func loadEndpointsFile(path string) ([]string, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--endpoints-file: %w", err)
-	}
-	eps, err := ParseEndpoints(data)
-	if err != nil {
-		return nil, fmt.Errorf("--endpoints-file %s: %w", path, err)
-	}
-	return eps, nil
-}
-
 // standaloneEndpoints is the standalone mode's first endpoint set: the
-// --endpoints-file's, else --endpoints.
-func standaloneEndpoints(opts *Options) ([]dispatcher.Endpoint, error) {
+// --endpoints-file's, else --endpoints. data is the file's content it was
+// parsed from (nil without the file), the version watchEndpoints starts
+// from: a change made after this read is then the first one it applies.
+func standaloneEndpoints(opts *Options) (eps []dispatcher.Endpoint, data []byte, err error) {
 	addrs := opts.Endpoints
-	if opts.EndpointsFile != "" {
-		var err error
-		if addrs, err = loadEndpointsFile(opts.EndpointsFile); err != nil {
-			return nil, err
+	if path := opts.EndpointsFile; path != "" {
+		if data, err = os.ReadFile(path); err != nil {
+			return nil, nil, fmt.Errorf("--endpoints-file: %w", err)
+		}
+		if addrs, err = ParseEndpoints(data); err != nil {
+			return nil, nil, fmt.Errorf("--endpoints-file %s: %w", path, err)
 		}
 	}
-	return StaticEndpoints(addrs, opts.MaxNumBatchedTokens), nil
+	return StaticEndpoints(addrs, opts.MaxNumBatchedTokens), data, nil
 }
 
-// watchEndpoints polls the endpoints file and hands each valid new version
+// watchEndpoints polls the endpoints file and hands each valid version
+// that differs from initial (the content of the first set)
 // to the dispatcher, which treats it as the pool's pods changing in
 // Kubernetes mode (SPEC §8): removed endpoints take no new requests, those
 // already sent there finish. A version that does not parse is logged once
 // and ignored; the last good set stays.
-func watchEndpoints(ctx context.Context, opts *Options, d *dispatcher.Dispatcher, log logr.Logger) {
+func watchEndpoints(ctx context.Context, opts *Options, initial []byte, d *dispatcher.Dispatcher, log logr.Logger) {
 	path := opts.EndpointsFile
-	initial, _ := os.ReadFile(path)
 	pollFile(ctx, path, initial, opts.PolicyPollInterval, func(data []byte) {
 		addrs, err := ParseEndpoints(data)
 		if err != nil {

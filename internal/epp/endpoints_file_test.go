@@ -68,7 +68,7 @@ func TestEndpointsFileOptions(t *testing.T) {
 			}
 		})
 	}
-	if _, err := standaloneEndpoints(testOptions(func(o *Options) { o.EndpointsFile = t.TempDir() + "/missing" })); err == nil ||
+	if _, _, err := standaloneEndpoints(testOptions(func(o *Options) { o.EndpointsFile = t.TempDir() + "/missing" })); err == nil ||
 		!strings.Contains(err.Error(), "--endpoints-file") {
 		t.Errorf("a missing endpoints file: %v, want an error naming --endpoints-file", err)
 	}

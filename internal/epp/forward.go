@@ -107,7 +107,9 @@ type forwarder struct {
 	gate   func() string
 	dialTo func(holder string) (*grpc.ClientConn, error)
 	log    logr.Logger
-	routes *prometheus.CounterVec
+	// routes counts the streams by route (laneway_ha_streams_total), its
+	// children resolved once: every stream counts one.
+	routes map[string]prometheus.Counter
 
 	mu  sync.Mutex
 	cur *leaderConn // the connection to the leader last forwarded to
@@ -129,13 +131,14 @@ func newForwarder(view leaderView, self string, local *extproc.Server, gate func
 		Name: MetricHAStreams,
 		Help: "ext_proc streams by where they were handled: leader (here, holding the Lease), forwarded (to the leader), local (here: no reachable leader, forwarded to us, or this replica not ready), fallback (the leader failed or refused before answering; replayed here).",
 	}, []string{"route"})
+	children := map[string]prometheus.Counter{}
 	for _, r := range []string{routeLeader, routeForwarded, routeLocal, routeFallback} {
-		routes.WithLabelValues(r)
+		children[r] = routes.WithLabelValues(r)
 	}
 	if err := reg.Register(routes); err != nil {
 		return nil, fmt.Errorf("register laneway_ha_streams_total: %w", err)
 	}
-	return &forwarder{view: view, self: self, local: local, gate: gate, dialTo: dialTo, log: log, routes: routes}, nil
+	return &forwarder{view: view, self: self, local: local, gate: gate, dialTo: dialTo, log: log, routes: children}, nil
 }
 
 // process routes one stream.
@@ -143,22 +146,22 @@ func (f *forwarder) process(gw extprocv3.ExternalProcessor_ProcessServer) error 
 	holder, leading := f.view.leader()
 	switch {
 	case leading:
-		f.routes.WithLabelValues(routeLeader).Inc()
+		f.routes[routeLeader].Inc()
 		return f.local.Process(gw)
 	case holder == "" || f.gate() != "" || forwardedBy(gw.Context()) != "":
 		// A closed gate answers 503 with its reason from the local
 		// handler: a replica that must not schedule does not forward
 		// either.
-		f.routes.WithLabelValues(routeLocal).Inc()
+		f.routes[routeLocal].Inc()
 		return f.local.Process(gw)
 	}
 	lc := f.acquire(holder)
 	if lc == nil {
-		f.routes.WithLabelValues(routeLocal).Inc()
+		f.routes[routeLocal].Inc()
 		return f.local.Process(gw)
 	}
 	defer f.release(lc)
-	f.routes.WithLabelValues(routeForwarded).Inc()
+	f.routes[routeForwarded].Inc()
 	return f.proxy(gw, lc)
 }
 
@@ -288,7 +291,7 @@ func (f *forwarder) fallback(gw extprocv3.ExternalProcessor_ProcessServer, lc *l
 }
 
 func (f *forwarder) replay(gw extprocv3.ExternalProcessor_ProcessServer, lc *leaderConn, rs *replayStream, cause error) error {
-	f.routes.WithLabelValues(routeFallback).Inc()
+	f.routes[routeFallback].Inc()
 	f.log.V(3).Info("leader did not answer; scheduling the stream here", "leader", lc.holder, "error", cause.Error())
 	rs.ExternalProcessor_ProcessServer = gw
 	return f.local.Process(rs)
@@ -303,7 +306,7 @@ func localRefusal(resp *extprocv3.ProcessingResponse) string {
 		return ""
 	}
 	for _, h := range ir.GetHeaders().GetSetHeaders() {
-		if h.GetHeader().GetKey() != "x-laneway-reason" {
+		if h.GetHeader().GetKey() != extproc.HeaderReason {
 			continue
 		}
 		v := h.GetHeader().GetValue()

@@ -40,7 +40,7 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	eps, err := standaloneEndpoints(opts)
+	eps, epsFile, err := standaloneEndpoints(opts)
 	if err != nil {
 		return err
 	}
@@ -60,7 +60,7 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 	}
 	if opts.EndpointsFile != "" {
 		parts = append(parts, manager.RunnableFunc(func(ctx context.Context) error {
-			watchEndpoints(ctx, opts, srv.Dispatcher(), log)
+			watchEndpoints(ctx, opts, epsFile, srv.Dispatcher(), log)
 			return nil
 		}))
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -177,7 +178,7 @@ func TestServerPprof(t *testing.T) {
 		want string
 	}{
 		{"/debug/pprof/", "goroutine"},
-		{"/debug/pprof/cmdline", ""},
+		{"/debug/pprof/cmdline", os.Args[0]}, // this process's own command line
 		{"/debug/pprof/goroutine?debug=1", "goroutine profile"},
 	}
 	for _, tc := range cases {

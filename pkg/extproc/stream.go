@@ -72,9 +72,8 @@ func (st *stream) runContained() (err error) {
 		}
 		st.s.log.Error(fmt.Errorf("panic: %v", r), "stream handler panicked; the stream is answered and the picker keeps serving",
 			"answered", st.answered, "stack", string(debug.Stack()))
-		answered := st.answered
 		st.outcome = OutcomePanic
-		if answered {
+		if st.answered {
 			err = status.Error(codes.Internal, "endpoint picker internal error")
 			return
 		}

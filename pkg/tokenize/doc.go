@@ -42,14 +42,6 @@
 // strings, the bytes around escapes) goes a byte at a time. Both give the
 // ids Tokenize gives for the decoded text; the fuzz targets hold them to it.
 //
-// Long prompts are the common case, so string contents are tokenized 64
-// bytes at a time wherever a piece starts with 64 plain bytes (no quote,
-// backslash or control character) ahead: the block is classified into
-// bitmasks a word at a time, every piece start in it follows from bit
-// operations, and the pieces are read off the start mask. The rest (short
-// strings, the bytes around escapes) goes a byte at a time. Both give the
-// ids Tokenize gives for the decoded text; the fuzz targets hold them to it.
-//
 // # Block hashes
 //
 // BlockHashes chains one hash per full block of blockSize tokens: hash i

@@ -40,7 +40,6 @@ type extractor struct {
 	i     int
 	dst   []uint32
 	depth int
-	key   []byte // scratch for keys with escapes
 
 	f     *Fields   // nil: only the prompt is read
 	hints hintState // nvext.agent_hints so far, for f
@@ -232,7 +231,7 @@ func (e *extractor) readKey() ([]byte, error) {
 		return nil, e.syntax("want an object key")
 	}
 	e.i++
-	s, err := e.readString(e.key[:0])
+	s, err := e.readString(nil)
 	if err != nil {
 		return nil, err
 	}

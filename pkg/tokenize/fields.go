@@ -130,7 +130,7 @@ func (e *extractor) model() error {
 		return e.literal("null")
 	case '"':
 		e.i++
-		s, err := e.readString(e.key[:0])
+		s, err := e.readString(nil)
 		if err != nil {
 			return err
 		}
