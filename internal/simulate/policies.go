@@ -52,7 +52,7 @@ func (p *Policy) newPicker(seed uint64) sched.Picker {
 	case BaselineRoundRobin:
 		return &roundRobin{}
 	}
-	return sched.LeastLoaded{}
+	return sched.NewLeastLoaded(seed) // seeded: a run is deterministic for a seed
 }
 
 // roundRobin is the upstream lightweight picker's choice: the eligible

@@ -263,7 +263,7 @@ func TestRequestsJSONL(t *testing.T) {
 func TestDeterministic(t *testing.T) {
 	c := DefaultConfig()
 	c.Generate = "class=a,rate=300,prompt=100-3000,output=~40,prefix=512,groups=5,duration=5s;class=b,arrival=bursty,on=1s,off=1s,rate=100,prompt=~1500,output=~20,duration=5s"
-	c.Policies = []string{writeFile(t, "p.yaml", workload.PolicyYAML(300, 100)), BaselineRoundRobin}
+	c.Policies = []string{writeFile(t, "p.yaml", workload.PolicyYAML(300, 100)), BaselineRoundRobin, BaselineNone}
 	c.AssignTenant = "uniform:7"
 	c.Servers = 4
 	c.Engine.MaxNumSeqs = 16

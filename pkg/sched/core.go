@@ -17,7 +17,7 @@ type Options struct {
 	// MaxFallbacks is how many further endpoints follow the pick in a
 	// grant, in the order the picker prefers them.
 	MaxFallbacks int
-	// Picker chooses among eligible endpoints; nil means LeastLoaded.
+	// Picker chooses among eligible endpoints; nil means NewLeastLoaded(1).
 	Picker Picker
 	// ExpectMetrics makes every endpoint count as stale (busy, and ranked
 	// last) until SetMetrics delivers fresh metrics for it: with scraping
@@ -139,7 +139,9 @@ func New(pol *Policy, opts Options) (*Core, error) {
 	}
 	c := &Core{opts: opts, pol: pol, q: q, reg: newRegistry()}
 	if c.opts.Picker == nil {
-		c.opts.Picker = LeastLoaded{}
+		// Seeded, not the zero value's global generator: the core's
+		// decisions are a function of its inputs (doc.go).
+		c.opts.Picker = NewLeastLoaded(1)
 	}
 	c.probe = prober{c}
 	c.meanPrompt = unseenRequestSeed
