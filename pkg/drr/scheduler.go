@@ -457,15 +457,11 @@ func (s *Scheduler) Pop(now int64, p Probe) (*Item, Outcome) {
 			minNeed, minQ = need, c.cfg.Quantum
 		}
 	}
-	rounds := minNeed / minQ
-	if minNeed%minQ != 0 {
-		rounds++
-	}
-	if rounds > 1 {
+	if n := rounds(minNeed, 0, minQ); n > 1 {
 		for i, it := range cands {
 			if it != nil {
 				c := s.classes[i]
-				c.deficit = SaturatingAdd(c.deficit, SaturatingMul(c.cfg.Quantum, rounds-1))
+				c.deficit = SaturatingAdd(c.deficit, SaturatingMul(c.cfg.Quantum, n-1))
 			}
 		}
 	}

@@ -152,7 +152,7 @@ func (c *class) pushShared(t *tenant, it *Item) {
 		t.credit, t.pos = 0, c.nextPos
 		c.nextPos++
 		t.lv = c.nextVisit(t, it.strict) - 1
-		t.at = t.lv + rounds(it.cost, 0, t.quantum(c))
+		t.at = SaturatingAdd(t.lv, rounds(it.cost, 0, t.quantum(c)))
 		c.tenPush(t)
 	case it.idx == 0:
 		c.tenHeadChanged(t)

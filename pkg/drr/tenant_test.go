@@ -52,6 +52,30 @@ func TestTenantsShareByTokens(t *testing.T) {
 	}
 }
 
+// TestHugeCostDoesNotWrapTheRound: a newcomer whose head costs near 2^64
+// with quantum 1 is affordable only after that many rounds; the round
+// saturates instead of wrapping to one in the past, which would serve it
+// first with near-unlimited credit.
+func TestHugeCostDoesNotWrapTheRound(t *testing.T) {
+	s := mustNew(t, fairClass("regular", 1))
+	// Rounds go by while a tenant stays backlogged: the newcomers join in
+	// round 5, so a wrapped round would come before it.
+	for i := range 10 {
+		offerTenant(t, s, 0, "warm", 1, 1, int64(i))
+	}
+	for range 5 {
+		if _, out := s.Pop(0, newProbe()); out != Dispatch {
+			t.Fatalf("warm-up pop: %v", out)
+		}
+	}
+	offerTenant(t, s, 0, "huge", 1, 1<<64-1, 10)
+	offerTenant(t, s, 0, "small", 1, 1, 11)
+	it, out := s.Pop(0, newProbe())
+	if out != Dispatch || it.Payload.(string) != "small" {
+		t.Fatalf("first pop: %v %v, want tenant small's request", out, it.Payload)
+	}
+}
+
 // TestTenantWeights: weights 3:1 with equal costs serve requests 3:1, in
 // the exact DRR pattern.
 func TestTenantWeights(t *testing.T) {
