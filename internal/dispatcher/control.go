@@ -41,7 +41,11 @@ func (d *Dispatcher) SetEndpoints(eps []Endpoint) {
 // SetEndpointMetrics delivers a scrape of the endpoint at addr
 // (sched.Core.SetMetrics); it implements podmetrics.Sink.
 func (d *Dispatcher) SetEndpointMetrics(addr string, m podmetrics.Metrics, stale bool) {
-	d.send(command{fn: func() { d.core.SetMetrics(addr, m, stale) }})
+	d.send(command{scrape: func() bool {
+		changed := d.core.SetMetrics(addr, m, stale)
+		d.publishBlockSize() // the engine's block size may have come with it
+		return changed
+	}})
 }
 
 // BlockSize is the block size, in tokens, at which request parsers should

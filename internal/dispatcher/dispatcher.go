@@ -42,11 +42,13 @@ type Dispatcher struct {
 }
 
 // command is one request to the loop, sent by value: an Acquire (w), the
-// cancel of one (w, cancel), or anything else as a function run on the
-// loop (fn; not on the per-request path).
+// cancel of one (w, cancel), a scrape (scrape, which reports whether it
+// changed what the core may let go), or anything else as a function run on
+// the loop (fn). Only Acquire and cancel are on the per-request path.
 type command struct {
 	w      *waiter
 	cancel bool
+	scrape func() bool
 	fn     func()
 }
 
@@ -103,8 +105,12 @@ func (d *Dispatcher) Run(ctx context.Context) {
 		d.settle()
 		select {
 		case c := <-d.cmds:
-			d.takeReleases()
-			d.handle(c)
+			if took := d.takeReleases(); !d.handle(c) && !took {
+				// A scrape that changed no endpoint's busy inputs: the
+				// last flush's decisions stand (a Drain would re-probe
+				// every queued head against every endpoint for nothing).
+				continue
+			}
 		case <-d.relWake:
 			d.takeReleases()
 		case <-d.timer.C:
@@ -128,8 +134,12 @@ func (d *Dispatcher) Run(ctx context.Context) {
 	}
 }
 
-func (d *Dispatcher) handle(c command) {
+// handle runs one command and reports whether the core may have
+// decisions to make: false only for a scrape that changed nothing.
+func (d *Dispatcher) handle(c command) bool {
 	switch {
+	case c.scrape != nil:
+		return c.scrape()
 	case c.fn != nil:
 		c.fn()
 	case c.cancel:
@@ -137,11 +147,13 @@ func (d *Dispatcher) handle(c command) {
 	default:
 		d.core.Admit(d.now(), &c.w.req)
 	}
+	return true
 }
 
 // flush drains the core, answers every request it decided and arms the
-// timer for the next wait-budget expiry. Every loop turn ends with one, so
-// no state change is left undrained.
+// timer for the next wait-budget expiry. Every loop turn ends with one,
+// except a scrape's that changed no busy input (handle), so no state
+// change that may let a request go is left undrained.
 func (d *Dispatcher) flush() {
 	leaves := d.core.Drain(d.now())
 	for i := range leaves {
@@ -156,10 +168,19 @@ func (d *Dispatcher) flush() {
 		}
 		l.Req.Owner.(*waiter).reply <- result{l.Grant, l.Err} // buffered: the loop's last use of it
 	}
-	d.hashBS.Store(int64(d.core.BlockSize()))
+	d.publishBlockSize()
 	d.timer.Stop()
 	if at, ok := d.core.NextDeadline(); ok {
 		d.timer.Reset(max(0, time.Duration(at-d.now())))
+	}
+}
+
+// publishBlockSize makes the core's hashing block size the one BlockSize
+// reports, writing the shared word only when it changed (every request
+// goroutine reads it).
+func (d *Dispatcher) publishBlockSize() {
+	if bs := int64(d.core.BlockSize()); d.hashBS.Load() != bs {
+		d.hashBS.Store(bs)
 	}
 }
 
