@@ -180,7 +180,10 @@ func TestRollingUpdate(t *testing.T) {
 	e.createPool("pool", "llm")
 	a := e.addPod("a", podSpec{app: "llm", ready: true})
 	b := e.addPod("b", podSpec{app: "llm", ready: true})
-	args := append(electionFlags(), "--shutdown-delay=2s")
+	// The shutdown delay outlasts the longest handover the test accepts
+	// (a lease duration) with room for the late stream below.
+	shutdownDelay := leaseDuration + 2*time.Second
+	args := append(electionFlags(), "--shutdown-delay="+shutdownDelay.String())
 	svc := newService(t)
 	old := []*eppProc{e.startEPP("old-1", "pool", args...), e.startEPP("old-2", "pool", args...)}
 	for _, p := range old {
@@ -213,8 +216,9 @@ func TestRollingUpdate(t *testing.T) {
 				t.Errorf("handover took %v, want well within the lease duration %v: the Lease was not released", handover, leaseDuration)
 			}
 		}
-		// A gateway that has not yet seen the endpoint change: 1 s into the
-		// 2 s delay its stream to the old replica is still served there.
+		// A gateway that has not yet seen the endpoint change: 1 s (or the
+		// handover) into the shutdown delay its stream to the old replica
+		// is still served there.
 		time.Sleep(time.Until(t0.Add(time.Second))) // the scenario's point in time, not a wait for an event
 		serve(t, o.start(ctx(t), request("")))
 		if err := o.Wait(stopGrace); err != nil {
@@ -505,8 +509,7 @@ func (s *service) run(workers int) *loadGen {
 // one sends one request to the next member and plays it to its end.
 func (l *loadGen) one(hc *http.Client) error {
 	p := l.svc.pick()
-	if p == nil {
-		time.Sleep(10 * time.Millisecond) // pacing only: a Service without endpoints fails at once
+	if p == nil { // the workers' shared ticker paces the retries
 		return fmt.Errorf("no Ready replica")
 	}
 	c, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)

@@ -157,7 +157,7 @@ func TestNotReadyUntilSynced(t *testing.T) {
 	p := e.startEPP("epp", "pool")
 	w := p.watchReadiness()
 	if l := p.WaitLog(t, "forbidden"); !strings.Contains(l, "laneway-epp") {
-		t.Logf("forbidden: %s", l)
+		t.Errorf("the forbidden error does not name the ServiceAccount laneway-epp: %s", l)
 	}
 	if st := health(t, p); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("readiness %v without RBAC, want NOT_SERVING", st)

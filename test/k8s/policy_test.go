@@ -100,6 +100,7 @@ func TestInvalidPolicyKeepsLastGood(t *testing.T) {
 	e.waitClass("silver", "accepted", accepted("True", "Accepted"))
 	dispatchedAs("silver", "silver")
 	dispatchedAs("", "gold") // no header: the alphabetically first class
+	p.Metrics.Await(t, 1, "laneway_policy_accepted")
 
 	// dup reuses gold's class name: the set is invalid. bronze, fine on
 	// its own, comes after and is held back with the rest.
@@ -115,6 +116,7 @@ func TestInvalidPolicyKeepsLastGood(t *testing.T) {
 	t.Logf("invalid set: dup Accepted=False: %s", msg)
 	bronze := e.waitClass("bronze", "held back", accepted("False", v1alpha1.ReasonPolicyInvalid))
 	t.Logf("bronze Accepted=False/%s: %s", v1alpha1.ReasonPolicyInvalid, acceptedCondition(bronze).Message)
+	p.Metrics.Await(t, 0, "laneway_policy_accepted") // from 1: the rejection is visible
 	// The old policy still schedules: bronze is unknown there, so its
 	// requests go to the default class, gold.
 	dispatchedAs("bronze", "gold")
@@ -306,7 +308,10 @@ func TestInvalidPolicyAtStart(t *testing.T) {
 	for _, name := range []string{"dup", "gold"} { // both break the rule
 		e.waitClass(name, "rejected", accepted("False", v1alpha1.ReasonInvalid))
 	}
-	p.Metrics.Await(t, 0, "laneway_policy_accepted")
+	// 0, and exported: an absent series would read 0 as well.
+	if v, found := p.Metrics.Read(t).Sum("laneway_policy_accepted"); !found || v != 0 {
+		t.Fatalf("laneway_policy_accepted %v (exported %t) with invalid policy objects, want 0", v, found)
+	}
 	if st := health(t, p); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("readiness %v with invalid policy objects, want NOT_SERVING", st)
 	}

@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -89,8 +90,10 @@ func TestSIGTERMDrainHandsOver(t *testing.T) {
 	}
 	exit := time.Since(t0)
 	t.Logf("leader exited 0 %v after SIGTERM (drain timeout %v)", exit.Round(time.Millisecond), drainTimeout)
-	if exit >= drainTimeout {
-		t.Errorf("leader took %v to exit, want within the drain timeout %v", exit, drainTimeout)
+	// The drain ended with the stream, not at the timeout (a time bound
+	// here would also count the handover and the race detector's exit).
+	if strings.Contains(leader.Log.String(), "drain timeout reached") {
+		t.Errorf("leader's drain ran into its timeout %v although its one stream had ended", drainTimeout)
 	}
 }
 
