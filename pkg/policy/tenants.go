@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -117,6 +118,13 @@ type TenantBinding struct {
 	RawISLTokenQueueLimit *int64
 }
 
+// HeaderNamePattern is what identity.header must match: a lower-case
+// HTTP header name (RFC 9110 token characters), the pattern the
+// PolicyProfile CRD validates the same field with.
+const HeaderNamePattern = `^[a-z0-9!#$%&'*+.^_|~-]+$`
+
+var headerName = regexp.MustCompile(HeaderNamePattern)
+
 // validateTenants appends the problems of the identity and tenant settings.
 func validateTenants(ps *Problems, c *Config) {
 	add := func(r Rule, format string, args ...any) {
@@ -126,7 +134,7 @@ func validateTenants(ps *Problems, c *Config) {
 		if id.Header == "" && id.MetadataNamespace == "" {
 			add(RuleIdentity, "identity: set header, metadata, or both")
 		}
-		if id.Header != "" && (strings.ToLower(id.Header) != id.Header || strings.ContainsAny(id.Header, " :")) {
+		if id.Header != "" && !headerName.MatchString(id.Header) {
 			add(RuleIdentity, "identity.header %q must be a lower-case header name", id.Header)
 		}
 		if (id.MetadataNamespace == "") != (len(id.MetadataPath) == 0) {
@@ -161,19 +169,31 @@ func validateTenants(ps *Problems, c *Config) {
 		if slices.Contains(b.Match.Prefix, "") {
 			add(RuleTenant, "%s: match.prefix \"\" would match every identity; use default_tenant", where)
 		}
-		validateBinding(add, where, b, &c.Root)
+		validateBinding(add, where, b, c)
 	}
 	if b := c.DefaultTenant; b != nil {
-		validateBinding(add, "default_tenant", b, &c.Root)
+		validateBinding(add, "default_tenant", b, c)
 	}
 }
 
-// validateBinding checks one binding's grants against the root profile.
-func validateBinding(add func(Rule, string, ...any), where string, b *TenantBinding, root *Profile) {
-	known := func(name string) bool {
-		for i := range root.Classes {
-			cl := &root.Classes[i]
+// validateBinding checks one binding's grants against the classes of the
+// root and of every model profile: bindings apply to all of them.
+func validateBinding(add func(Rule, string, ...any), where string, b *TenantBinding, c *Config) {
+	inProfile := func(p *Profile, name string) bool {
+		for i := range p.Classes {
+			cl := &p.Classes[i]
 			if (cl.Explicit() && cl.Name == name) || cl.Family == name {
+				return true
+			}
+		}
+		return false
+	}
+	known := func(name string) bool {
+		if inProfile(&c.Root, name) {
+			return true
+		}
+		for i := range c.Models {
+			if inProfile(&c.Models[i].Profile, name) {
 				return true
 			}
 		}

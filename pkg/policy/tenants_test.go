@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
@@ -156,6 +157,7 @@ policy_classes:
 	}{
 		{"identity without source", "identity: {anonymous: x}", "identity: set header, metadata, or both"},
 		{"upper-case header", "identity: {header: X-Tenant}", `identity.header "X-Tenant" must be a lower-case header name`},
+		{"header with a slash", "identity: {header: x/tenant}", `identity.header "x/tenant" must be a lower-case header name`},
 		{"namespace without path", "identity: {metadata: {namespace: ns}}", "identity.metadata: namespace and path go together"},
 		{"unnamed binding", "tenants: [{match: {exact: [x]}}]", "tenants[0]: name is required"},
 		{"no match", "tenants: [{name: x}]", `tenant "x": match needs at least one exact value or prefix`},
@@ -179,6 +181,35 @@ policy_classes:
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want one containing %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestBindingsKnowModelProfiles: bindings apply to every model profile, so
+// a class that only a model profile has is a valid grant.
+func TestBindingsKnowModelProfiles(t *testing.T) {
+	src := `
+tenants:
+  - {name: x, match: {exact: [x]}, allowed: [gold], default_family: gold}
+models:
+  m:
+    policy_classes:
+      - {name: gold, quantum: 1, prefill_busy_threshold: 10}
+`
+	if _, err := LoadYAML([]byte(src)); err != nil {
+		t.Errorf("a binding allowing a model profile's family: %v", err)
+	}
+}
+
+// TestHeaderNameRuleIsTheCRDs: the loader's header-name rule is the
+// pattern the PolicyProfile CRD validates identity.header with, so what
+// laneway validate accepts the API server accepts too.
+func TestHeaderNameRuleIsTheCRDs(t *testing.T) {
+	crd, err := os.ReadFile("../../config/crd/bases/laneway.dev_policyprofiles.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "pattern: " + HeaderNamePattern + "\n"; !strings.Contains(string(crd), want) {
+		t.Errorf("the PolicyProfile CRD has no %q: the loader and the CRD disagree on header names", strings.TrimSpace(want))
 	}
 }
 
