@@ -341,6 +341,42 @@ func BenchmarkTenantPop(b *testing.B) {
 	}
 }
 
+// BenchmarkTenantChurn is one Offer and one Pop, timed together, in a
+// tenant-fair class holding one request for each of 1,000 tenants: every
+// pop empties a tenant and every offer brings one back, the churn of many
+// callers with one request each (BenchmarkTenantPop times the Pop alone).
+func BenchmarkTenantChurn(b *testing.B) {
+	s, err := New([]ClassConfig{func() ClassConfig { c := qclass("c", 512, FCFS); c.TenantFairness = true; return c }()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const tenants = 1000
+	names := make([]string, tenants)
+	for i := range names {
+		names[i] = fmt.Sprintf("tenant-%05d", i)
+	}
+	var arrival int64
+	offer := func(name string) {
+		arrival++
+		r := Request{Pinned: NoEndpoint, RawISL: 256, Arrival: arrival, Payload: name}
+		if _, err := s.OfferTenant(r, Tenant{Name: name, Weight: 1}, 1, true); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, n := range names {
+		offer(n)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		it, out := s.Pop(0, benchProbe{})
+		if out != Dispatch {
+			b.Fatalf("Pop outcome %v", out)
+		}
+		offer(it.Payload.(string))
+	}
+}
+
 // BenchmarkMemoryPerTenant reports what an active tenant costs beyond its
 // requests: 10,000 requests queued for 10,000 tenants against the same
 // requests for one tenant, in a tenant-fair class.

@@ -35,6 +35,9 @@ type class struct {
 	tq      []*tenant
 	rounds  []tierRound
 	nextPos uint64
+	// freeTenants recycles emptied tenants (recycleTenant): callers with
+	// one request each empty and come back at every request.
+	freeTenants []*tenant
 }
 
 // Scheduler is the policy-class DRR queue. It is not safe for concurrent

@@ -98,8 +98,17 @@ func (c *class) nextVisit(t *tenant, s uint32) uint64 {
 func (c *class) tenantOf(spec *Tenant, create bool) *tenant {
 	t := c.tenants[spec.Name]
 	if t == nil && create {
-		t = &tenant{spec: *spec, tidx: -1}
-		t.sub = lane{cls: c, hidx: -1, pidx: -1}
+		var items []slot
+		if n := len(c.freeTenants); n > 0 { // many callers with a request each: reuse
+			t = c.freeTenants[n-1]
+			c.freeTenants[n-1] = nil
+			c.freeTenants = c.freeTenants[:n-1]
+			items = t.sub.items[:0]
+		} else {
+			t = &tenant{}
+		}
+		*t = tenant{spec: *spec, tidx: -1}
+		t.sub = lane{items: items, cls: c, hidx: -1, pidx: -1}
 		if c.tenants == nil {
 			c.tenants = make(map[string]*tenant)
 		}
@@ -210,7 +219,23 @@ func (c *class) unlinkTenant(t *tenant, it *Item, fromSub, wasHead bool) {
 	}
 	if t.n == 0 {
 		delete(c.tenants, t.spec.Name)
+		c.recycleTenant(t)
 	}
+}
+
+// recycleTenant keeps an emptied tenant's struct and small sub-queue
+// buffer for the next new tenant, up to maxFreeLanes of them, as dropLane
+// does for exact lanes. t is no longer in c.tenants.
+func (c *class) recycleTenant(t *tenant) {
+	if len(c.freeTenants) >= maxFreeLanes {
+		return
+	}
+	items := t.sub.items[:0]
+	if cap(items) > maxRecycledCap {
+		items = nil
+	}
+	*t = tenant{sub: lane{items: items}}
+	c.freeTenants = append(c.freeTenants, t)
 }
 
 // The tenant heap: backlogged tenants of a tenant-fair class by head tier,
