@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strings"
 
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -80,14 +79,7 @@ func summarizeTenants(cfg *policy.Config) *TenantSummary {
 	}
 	out := &TenantSummary{Identity: "none (client hints trusted)", Bindings: int64(len(cfg.Tenants))}
 	if id := cfg.Identity; id != nil {
-		var src []string
-		if id.MetadataNamespace != "" {
-			src = append(src, "metadata "+id.MetadataNamespace+"/"+strings.Join(id.MetadataPath, "."))
-		}
-		if id.Header != "" {
-			src = append(src, "header "+id.Header)
-		}
-		out.Identity = strings.Join(src, ", then ")
+		out.Identity = id.Sources()
 	}
 	return out
 }

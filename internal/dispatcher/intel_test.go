@@ -103,7 +103,7 @@ func eps(addrs ...string) []Endpoint {
 }
 
 func TestPrefixSnapshotAndAffinity(t *testing.T) {
-	rec := &recordingPicker{inner: NewCostPicker(1, 1)}
+	rec := &recordingPicker{inner: sched.NewCostPicker(1, 1)}
 	d := startWith(t, oneClass(0), Options{Options: sched.Options{Picker: rec, Prefix: &PrefixOptions{}}},
 		eps("127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1")...)
 
@@ -163,7 +163,7 @@ func TestPrefixSnapshotAndAffinity(t *testing.T) {
 // costs more than the prefill the cache saves.
 func TestPrefixAffinityYieldsToLoad(t *testing.T) {
 	start := func() *Dispatcher {
-		return startWith(t, oneClass(0), Options{Options: sched.Options{Picker: NewCostPicker(1, 1), Prefix: &PrefixOptions{}}},
+		return startWith(t, oneClass(0), Options{Options: sched.Options{Picker: sched.NewCostPicker(1, 1), Prefix: &PrefixOptions{}}},
 			eps("127.0.0.2:1", "127.0.0.3:1")...)
 	}
 	repeat := func() *Ticket { return promptTicket(1600, 1600, 1, 1, 16) }
@@ -296,7 +296,7 @@ func TestStaleAndUnseenLoadHoldRequests(t *testing.T) {
 }
 
 func TestStaleRankedLastAndCandidateLoad(t *testing.T) {
-	rec := &recordingPicker{inner: NewCostPicker(3, 1)}
+	rec := &recordingPicker{inner: sched.NewCostPicker(3, 1)}
 	a, b, c := "127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1"
 	d := startWith(t, oneClass(0), Options{Options: sched.Options{Picker: rec, ExpectMetrics: true, MaxFallbacks: 2}}, eps(a, b, c)...)
 	full := podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks

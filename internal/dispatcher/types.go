@@ -21,10 +21,6 @@ type (
 	Candidate = sched.Candidate
 	// Picker is sched.Picker.
 	Picker = sched.Picker
-	// CostPicker is sched.CostPicker.
-	CostPicker = sched.CostPicker
-	// LeastLoaded is sched.LeastLoaded.
-	LeastLoaded = sched.LeastLoaded
 	// PrefixOptions is sched.PrefixOptions.
 	PrefixOptions = sched.PrefixOptions
 	// NoEndpointError is sched.NoEndpointError.
@@ -33,8 +29,6 @@ type (
 	ShedError = sched.ShedError
 	// Snapshot is sched.Snapshot.
 	Snapshot = sched.Snapshot
-	// EndpointSnapshot is sched.EndpointSnapshot.
-	EndpointSnapshot = sched.EndpointSnapshot
 )
 
 // ErrShuttingDown answers 503: the dispatcher is draining.
@@ -45,9 +39,6 @@ const DefaultBlockSize = sched.DefaultBlockSize
 
 // FromCompiled is sched.FromCompiled.
 var FromCompiled = sched.FromCompiled
-
-// NewCostPicker is sched.NewCostPicker.
-var NewCostPicker = sched.NewCostPicker
 
 // EngineOf is sched.EngineOf.
 var EngineOf = sched.EngineOf

@@ -167,7 +167,7 @@ func (in *intel) configure(o *dispatcher.Options) {
 		Index:     picker.IndexOptions{TTL: in.opts.PrefixCacheTTL, DefaultCapacity: in.opts.PrefixCacheTokens},
 	}
 	if in.opts.Picker == PickerPrefix {
-		o.Picker = dispatcher.NewCostPicker(1+o.MaxFallbacks, uint64(time.Now().UnixNano()))
+		o.Picker = sched.NewCostPicker(1+o.MaxFallbacks, uint64(time.Now().UnixNano()))
 	} else {
 		o.Picker = sched.NewLeastLoaded(uint64(time.Now().UnixNano()))
 	}

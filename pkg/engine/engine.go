@@ -491,9 +491,6 @@ func (e *Engine) Stats() Stats {
 	}
 }
 
-// Busy reports whether a step is in progress.
-func (e *Engine) Busy() bool { return e.cur.active }
-
 // Running calls f for every running request (in no particular order).
 func (e *Engine) Running(f func(*Seq)) {
 	for _, s := range e.pf[e.pfHead:] {

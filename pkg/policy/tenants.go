@@ -63,6 +63,12 @@ func (id *Identity) String() string {
 	if id == nil {
 		return "no identity configured: the x-laneway-tenant header names the tenant and client hints are trusted as sent"
 	}
+	return fmt.Sprintf("identity from %s; requests without one are tenant %q", id.Sources(), id.AnonymousTenant())
+}
+
+// Sources names where the identity is read, in the order tried: e.g.
+// "metadata envoy.filters.http.jwt_authn/idp.sub, then header x-tenant-id".
+func (id *Identity) Sources() string {
 	var src []string
 	if id.MetadataNamespace != "" {
 		src = append(src, fmt.Sprintf("metadata %s/%s", id.MetadataNamespace, strings.Join(id.MetadataPath, ".")))
@@ -70,7 +76,7 @@ func (id *Identity) String() string {
 	if id.Header != "" {
 		src = append(src, "header "+id.Header)
 	}
-	return fmt.Sprintf("identity from %s; requests without one are tenant %q", strings.Join(src, ", then "), id.AnonymousTenant())
+	return strings.Join(src, ", then ")
 }
 
 // TenantMatch selects identities: any exact value or any prefix.
