@@ -4,6 +4,8 @@ import (
 	"math"
 	"slices"
 	"sort"
+
+	"github.com/laneway-dev/laneway/internal/status"
 )
 
 // Percentiles are latency percentiles in milliseconds (nearest rank).
@@ -55,8 +57,8 @@ type ClassSummary struct {
 	// completions of the run (PolicySummary.FirstN).
 	FirstN int `json:"first_n"`
 	// Tenants counts the tenants with requests; JainTenants is Jain's
-	// fairness index over their window uncached tokens (null without
-	// tenants).
+	// fairness index over their window uncached tokens (null for fewer
+	// than two tenants or none served in the window).
 	Tenants     int      `json:"tenants"`
 	JainTenants *float64 `json:"jain_tenants"`
 }
@@ -224,12 +226,13 @@ func Summarize(t *Trace, res *Result) PolicySummary {
 			a.UncachedShare = float64(a.WindowUncached) / float64(total.WindowUncached)
 		}
 		a.Tenants = len(a.tenants)
-		if a.Tenants > 0 {
-			var xs []float64
-			for _, v := range a.tenants {
-				xs = append(xs, float64(v))
-			}
-			j := jain(xs)
+		var xs []float64
+		for _, v := range a.tenants {
+			xs = append(xs, float64(v))
+		}
+		// The picker's own index (status.Jain): none for fewer than two
+		// tenants or nothing served, where fairness says nothing.
+		if j := status.Jain(xs); !math.IsNaN(j) {
 			a.JainTenants = &j
 		}
 		if i == len(classes)-1 {
@@ -262,18 +265,4 @@ func Summarize(t *Trace, res *Result) PolicySummary {
 		ps.Sim.CoreNsPerDecision = float64(res.CoreTime.Nanoseconds()) / float64(res.Decisions)
 	}
 	return ps
-}
-
-// jain is Jain's fairness index, (Σx)² / (n Σx²): 1 when every x is
-// equal, 1/n when one takes everything. All zeros count as fair (1).
-func jain(xs []float64) float64 {
-	var s, s2 float64
-	for _, x := range xs {
-		s += x
-		s2 += x * x
-	}
-	if s2 == 0 {
-		return 1
-	}
-	return s * s / (float64(len(xs)) * s2)
 }
