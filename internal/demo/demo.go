@@ -176,7 +176,7 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 	if o.Prediction, err = simulate.PredictWeightedShare(sc.PremiumQuantum, sc.Regular, cfg.PerClass); err != nil {
 		return o, fmt.Errorf("simulate the run: %w", err)
 	}
-	if m := predictionMiss(cfg.PerClass, o.Shares.FirstInPrefix, o.Prediction.PremiumInFirst); m != "" {
+	if m := predictionMiss(cfg.PerClass, o.Shares.FirstInPrefix, o.Prediction.FirstInPrefix); m != "" {
 		o.Misses = append(o.Misses, m)
 	}
 	for _, c := range res.Completions {
@@ -273,7 +273,7 @@ func printPredictions(w io.Writer, outs []Outcome) {
 	for _, o := range outs {
 		p := o.Prediction
 		fmt.Fprintf(w, "%-9s | %3d : %-3d (measured %3d : %-3d) | %3d left (measured %3d) | makespan %.1fs (measured %.1fs)\n",
-			o.Scenario.Name, p.PremiumInFirst, p.RegularInFirst, o.Shares.FirstInPrefix, o.Shares.SecondInPrefix,
-			p.RegularLeftAtPremiumDrain, o.Shares.SecondLeftAtFirstDrain, p.Makespan.Seconds(), o.Result.Elapsed.Seconds())
+			o.Scenario.Name, p.FirstInPrefix, p.SecondInPrefix, o.Shares.FirstInPrefix, o.Shares.SecondInPrefix,
+			p.SecondLeftAtFirstDrain, o.Shares.SecondLeftAtFirstDrain, p.Makespan.Seconds(), o.Result.Elapsed.Seconds())
 	}
 }

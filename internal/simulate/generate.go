@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -271,7 +272,7 @@ func Generate(spec string, seed uint64) (*Trace, error) {
 		}
 	}
 	slices.SortStableFunc(all, func(a, b gen) int {
-		if c := cmpInt64(a.Arrival, b.Arrival); c != 0 {
+		if c := cmp.Compare(a.Arrival, b.Arrival); c != 0 {
 			return c
 		}
 		if a.local != b.local {

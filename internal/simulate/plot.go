@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"cmp"
 	"fmt"
 	"image/color"
 	"math"
@@ -244,7 +245,7 @@ func queuePanel(t *Trace, t0 int64, names []string, res *Result) (*plot.Plot, er
 			}
 			slices.SortFunc(steps, func(a, b step) int {
 				if a.at != b.at {
-					return cmpInt64(a.at, b.at)
+					return cmp.Compare(a.at, b.at)
 				}
 				return a.delta - b.delta
 			})

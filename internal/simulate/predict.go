@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"time"
@@ -10,14 +11,11 @@ import (
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
-// Prediction is the simulator's forecast of one weighted-share run.
+// Prediction is the simulator's forecast of one weighted-share run: the
+// shares as workload.Analyze computes them from the real run (premium
+// First, regular Second), and the makespan.
 type Prediction struct {
-	// PremiumInFirst and RegularInFirst count each class among the first
-	// perClass completions.
-	PremiumInFirst, RegularInFirst int
-	// RegularLeftAtPremiumDrain is how many regular requests had not
-	// completed when the last premium one did.
-	RegularLeftAtPremiumDrain int
+	workload.Shares
 	// Makespan is release to last completion.
 	Makespan time.Duration
 }
@@ -51,33 +49,20 @@ func PredictWeightedShare(premiumQuantum, regularQuantum uint64, perClass int) (
 	if err != nil {
 		return pr, err
 	}
-	order := make([]int, len(res.Outcomes))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmpInt64(res.Outcomes[a].End, res.Outcomes[b].End) })
-	premium, regular := 0, 0
-	for n, i := range order {
-		o := res.Outcomes[i]
+	// The completions in the order they finished, as the real run
+	// records them, judged by the same Analyze.
+	run := workload.Result{Spec: workload.Spec{Classes: []string{"premium", "regular"}, PerClass: perClass}}
+	for i := range res.Outcomes {
+		o := &res.Outcomes[i]
 		if o.Status != 200 {
 			return pr, fmt.Errorf("request %d answered %d", i, o.Status)
 		}
-		if res.Classes[o.Class] == "premium" {
-			premium++
-			if n < perClass {
-				pr.PremiumInFirst++
-			}
-			if premium == perClass {
-				pr.RegularLeftAtPremiumDrain = perClass - regular
-			}
-		} else {
-			regular++
-			if n < perClass {
-				pr.RegularInFirst++
-			}
-		}
-		pr.Makespan = time.Duration(o.End - t.Requests[0].Arrival)
+		run.Completions = append(run.Completions, workload.Completion{Class: res.Classes[o.Class], Status: 200,
+			At: time.Duration(o.End - t.Requests[0].Arrival)})
 	}
+	slices.SortStableFunc(run.Completions, func(a, b workload.Completion) int { return cmp.Compare(a.At, b.At) })
+	pr.Shares = workload.Analyze(&run)
+	pr.Makespan = run.Completions[len(run.Completions)-1].At
 	return pr, nil
 }
 

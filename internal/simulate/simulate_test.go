@@ -120,7 +120,7 @@ func TestPredictWeightedShare(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d := p.PremiumInFirst - tt.want; d < -4 || d > 4 || p.Makespan < 8190*time.Millisecond || p.Makespan > 8200*time.Millisecond {
+		if d := p.FirstInPrefix - tt.want; d < -4 || d > 4 || p.Makespan < 8190*time.Millisecond || p.Makespan > 8200*time.Millisecond {
 			t.Errorf("512:%d: %+v, want premium %d ± 4 and a makespan of 8.192s", tt.regular, p, tt.want)
 		}
 	}

@@ -3,6 +3,7 @@ package simulate
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/csv"
 	"encoding/json"
 	"errors"
@@ -90,20 +91,10 @@ func (t *Trace) finish() error {
 	}
 	if !sorted {
 		slices.SortStableFunc(t.byArrival, func(a, b int32) int {
-			return cmpInt64(t.Requests[a].Arrival, t.Requests[b].Arrival)
+			return cmp.Compare(t.Requests[a].Arrival, t.Requests[b].Arrival)
 		})
 	}
 	return nil
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Span is the time from the first arrival to the last.
