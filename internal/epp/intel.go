@@ -143,8 +143,9 @@ type intel struct {
 	// routedTo caches both counters' children per endpoint.
 	routedTo *metrics.Children[routedCounters]
 	// live is the endpoint set in force (nil before the first): Routed
-	// counts only for its endpoints, so that a request granted just
-	// before its endpoint left does not bring the removed series back.
+	// makes series only for its endpoints (routedTo.GetIf, against the
+	// Retain of setEndpoints), so that a request granted just before its
+	// endpoint left does not bring the removed series back.
 	live atomic.Pointer[map[string]struct{}]
 }
 
@@ -265,8 +266,7 @@ func (in *intel) BlockSize() int { return in.disp.BlockSize() }
 // priority.
 func (in *intel) Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant, at *tokenize.PrioritySpans) []byte {
 	ep := g.Endpoints[0]
-	if live := in.live.Load(); live == nil || has(*live, ep) {
-		c := in.routedTo.Get(ep)
+	if c, ok := in.routedTo.GetIf(ep, in.isLive); ok {
 		c.prompt.Add(float64(t.RawISL))
 		c.cached.Add(float64(t.Cached))
 	}
@@ -289,6 +289,13 @@ func (in *intel) Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatche
 		return nil
 	}
 	return body
+}
+
+// isLive reports whether ep is in the endpoint set in force (any, before
+// the first).
+func (in *intel) isLive(ep string) bool {
+	live := in.live.Load()
+	return live == nil || has(*live, ep)
 }
 
 // has reports whether k is in the set m.

@@ -10,8 +10,8 @@ import (
 // costs a map read instead of hashing and comparing label values on every
 // call. Lookups take no lock: the map is replaced, never modified, when a
 // key is added, which happens once per key (label sets are small: classes,
-// outcomes, endpoints). Like the vector itself it never forgets a key.
-// The zero value is not usable; use NewChildren.
+// outcomes, endpoints). Keys leave only through Retain. The zero value is
+// not usable; use NewChildren.
 type Children[T any] struct {
 	m    atomic.Pointer[map[string]T]
 	mu   sync.Mutex // serialises additions
@@ -34,10 +34,15 @@ func (c *Children[T]) Get(key string) T {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	old := *c.m.Load()
-	if v, ok := old[key]; ok {
+	if v, ok := (*c.m.Load())[key]; ok {
 		return v
 	}
+	return c.addLocked(key)
+}
+
+// addLocked makes key's child and publishes it; c.mu is held.
+func (c *Children[T]) addLocked(key string) T {
+	old := *c.m.Load()
 	v := c.make(key)
 	next := make(map[string]T, len(old)+1)
 	for k, x := range old {
@@ -46,6 +51,27 @@ func (c *Children[T]) Get(key string) T {
 	next[key] = v
 	c.m.Store(&next)
 	return v
+}
+
+// GetIf is Get for keys whose set Retain maintains: a missing child is
+// made only when allowed(key) holds, checked under the lock Retain takes,
+// so a late update for a key that has just left cannot bring its series
+// back (the caller changes what allowed reports before it calls Retain).
+// It reports whether it returned a child. It is safe for concurrent use.
+func (c *Children[T]) GetIf(key string, allowed func(string) bool) (T, bool) {
+	if v, ok := (*c.m.Load())[key]; ok {
+		return v, true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v, ok := (*c.m.Load())[key]; ok {
+		return v, true
+	}
+	if !allowed(key) {
+		var zero T
+		return zero, false
+	}
+	return c.addLocked(key), true
 }
 
 // Retain drops the children whose key keep rejects, passing each dropped

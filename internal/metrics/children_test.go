@@ -75,6 +75,30 @@ func TestChildrenRetain(t *testing.T) {
 	}
 }
 
+// TestChildrenGetIf: an existing child is returned whatever allowed says;
+// a missing one is made only for an allowed key, so a key that left (and
+// is no longer allowed) gets no series back.
+func TestChildrenGetIf(t *testing.T) {
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c_total", Help: "h"}, []string{"k"})
+	c := NewChildren(func(k string) prometheus.Counter { return vec.WithLabelValues(k) })
+	live := map[string]bool{"a": true}
+	allowed := func(k string) bool { return live[k] }
+	if _, ok := c.GetIf("a", allowed); !ok {
+		t.Fatal("GetIf of an allowed key made no child")
+	}
+	delete(live, "a")
+	if _, ok := c.GetIf("a", allowed); !ok {
+		t.Error("GetIf dropped an existing child because its key is no longer allowed")
+	}
+	c.Retain(func(k string) bool { return live[k] }, func(k string) { vec.DeleteLabelValues(k) })
+	if _, ok := c.GetIf("a", allowed); ok {
+		t.Error("GetIf brought back a key that left")
+	}
+	if n := testutil.CollectAndCount(vec); n != 0 {
+		t.Errorf("%d series after the key left, want 0", n)
+	}
+}
+
 // BenchmarkChildren compares a cached child with the vector's own lookup.
 func BenchmarkChildren(b *testing.B) {
 	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c_total", Help: "h"}, []string{"class", "queued"})
