@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -519,17 +518,14 @@ func leaderTLS(opts *Options, tag string) (*tls.Config, error) {
 	if opts.ClientCA != "" {
 		// The leader requires a client certificate of its gateways and of
 		// its followers alike: a follower presents its own serving pair,
-		// read at each handshake so a rotated Secret is used at once
-		// (Validate requires --cert-path with --client-ca and leader
-		// election).
-		dir := opts.CertPath
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			c, err := tls.LoadX509KeyPair(filepath.Join(dir, tlsutil.CertFile), filepath.Join(dir, tlsutil.KeyFile))
-			if err != nil {
-				return nil, fmt.Errorf("--cert-path: the leader link's client certificate: %w", err)
-			}
-			return &c, nil
+		// reloaded as the server's is, so a rotated Secret is used at the
+		// next handshake (Validate requires --cert-path with --client-ca
+		// and leader election).
+		pair, err := tlsutil.NewReloader(opts.CertPath, nil)
+		if err != nil {
+			return nil, fmt.Errorf("--cert-path: the leader link's client certificate: %w", err)
 		}
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair.GetCertificate(nil) }
 	}
 	switch {
 	case opts.Kube.LeaderTLSInsecure:
@@ -546,9 +542,15 @@ func leaderTLS(opts *Options, tag string) (*tls.Config, error) {
 		}
 		return cfg, nil
 	}
-	roots, err := leaderRoots(opts.CertPath)
+	// ca.crt when the folder has one, else tls.crt; reloaded when it
+	// changes, like the server's client CA bundle.
+	caPath := filepath.Join(opts.CertPath, tlsutil.CAFile)
+	if _, err := os.Stat(caPath); errors.Is(err, os.ErrNotExist) {
+		caPath = filepath.Join(opts.CertPath, tlsutil.CertFile)
+	}
+	roots, err := tlsutil.NewCAReloader(caPath, nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--cert-path: the leader link's CA: %w", err)
 	}
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
@@ -558,43 +560,13 @@ func leaderTLS(opts *Options, tag string) (*tls.Config, error) {
 		for _, c := range cs.PeerCertificates[1:] {
 			inter.AddCert(c)
 		}
-		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots.Pool(), Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 		if err != nil {
 			return fmt.Errorf("verify the leader's certificate against --cert-path: %w", err)
 		}
 		return nil
 	}
 	return cfg, nil
-}
-
-// leaderRoots reads the CA the leader link trusts from the --cert-path
-// folder: ca.crt when there is one, else tls.crt.
-func leaderRoots(dir string) (*x509.CertPool, error) {
-	path := filepath.Join(dir, "ca.crt")
-	data, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		path = filepath.Join(dir, tlsutil.CertFile)
-		data, err = os.ReadFile(path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("--cert-path: read the leader link's CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	n := 0
-	for rest := data; ; {
-		var b *pem.Block
-		if b, rest = pem.Decode(rest); b == nil {
-			break
-		}
-		if c, err := x509.ParseCertificate(b.Bytes); err == nil {
-			pool.AddCert(c)
-			n++
-		}
-	}
-	if n == 0 {
-		return nil, fmt.Errorf("--cert-path: %s holds no certificate", path)
-	}
-	return pool, nil
 }
 
 // certPin is the pin of a DER certificate: the first 16 bytes of its

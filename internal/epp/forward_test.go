@@ -129,6 +129,38 @@ func TestPumpDivert(t *testing.T) {
 	}
 }
 
+// TestLeaderTLSReloadsTheCA: the leader link's CA is read again when the
+// mounted file changes (a rotated Secret swaps it), without a new dial: a
+// leader signed by the new CA is refused before the swap and accepted
+// after it, on the same config.
+func TestLeaderTLSReloadsTheCA(t *testing.T) {
+	dir, next := t.TempDir(), t.TempDir()
+	writeCA(t, dir, true)
+	rotated := writeCA(t, next, true)
+	o := testOptions(func(o *Options) { o.CertPath = dir })
+	cfg, err := leaderTLS(o, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := handshake(t, cfg, rotated); err == nil {
+		t.Fatal("a leader signed by a CA not yet mounted was accepted")
+	}
+	data, err := os.ReadFile(filepath.Join(next, tlsutil.CAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, ".ca.tmp") // a new file swapped in, as the kubelet's symlink swap does
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, tlsutil.CAFile)); err != nil {
+		t.Fatal(err)
+	}
+	if err := handshake(t, cfg, rotated); err != nil {
+		t.Fatalf("after the CA rotated, its leader is refused: %v", err)
+	}
+}
+
 // countingBudget is a held-body budget that records what is taken.
 type countingBudget struct {
 	mu          sync.Mutex
