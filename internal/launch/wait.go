@@ -36,6 +36,29 @@ func WaitFor(t TB, what func() string, cond func() bool) {
 	WaitWithin(t, EventTimeout, what, cond)
 }
 
+// Receive waits for a value on ch, an event another goroutine delivers
+// (an answer, a decision), and fails t after EventTimeout: a receive that
+// cannot hang a suite until go test's own timeout. what describes the
+// awaited value for the failure message.
+func Receive[T any](t TB, ch <-chan T, what string) T {
+	t.Helper()
+	return receiveWithin(t, EventTimeout, ch, what)
+}
+
+func receiveWithin[T any](t TB, limit time.Duration, ch <-chan T, what string) T {
+	t.Helper()
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("timed out after %s: %s", limit, what)
+		var zero T
+		return zero
+	}
+}
+
 // WaitWithin is WaitFor with its own bound, for a wait whose bound is what
 // the test asserts (an endpoint change followed within a second). A
 // condition that holds at the first check passes even when limit is not

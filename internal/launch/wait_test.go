@@ -54,6 +54,25 @@ func TestWaitWithin(t *testing.T) {
 	}
 }
 
+// TestReceive: a value that comes is returned; one that does not fails the
+// test at the bound, naming what was awaited.
+func TestReceive(t *testing.T) {
+	ch := make(chan int, 1)
+	ch <- 7
+	f := runFake(func(tb *fakeTB) {
+		if got := receiveWithin(tb, time.Second, ch, "seven"); got != 7 {
+			tb.Errorf("received %d, want 7", got)
+		}
+	})
+	if f.failed {
+		t.Fatalf("a delivered value failed: %q", f.errors)
+	}
+	f = runFake(func(tb *fakeTB) { receiveWithin(tb, 50*time.Millisecond, ch, "an answer that never comes") })
+	if !f.failed || len(f.errors) != 1 || !strings.Contains(f.errors[0], "timed out after 50ms: an answer that never comes") {
+		t.Errorf("failed %v, errors %q; want one naming the bound and what was awaited", f.failed, f.errors)
+	}
+}
+
 func TestCheckGoroutines(t *testing.T) {
 	t.Run("none left", func(t *testing.T) {
 		f := runFake(func(tb *fakeTB) {

@@ -277,16 +277,11 @@ func startInto(ctx context.Context, c *extprocclient.Client, name string, spec e
 // await waits for an asynchronous Start's outcome.
 func await(t *testing.T, ch <-chan started) started {
 	t.Helper()
-	select {
-	case s := <-ch:
-		if s.err != nil {
-			t.Fatalf("request %q: %v", s.name, s.err)
-		}
-		return s
-	case <-time.After(launch.EventTimeout):
-		t.Fatalf("no answer within %s", launch.EventTimeout)
-		return started{}
+	s := launch.Receive(t, ch, "an asynchronous request's answer")
+	if s.err != nil {
+		t.Fatalf("request %q: %v", s.name, s.err)
 	}
+	return s
 }
 
 // mustStart starts an exchange and fails the test on a transport error.

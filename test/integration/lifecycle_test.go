@@ -210,11 +210,7 @@ func TestShutdownDelay(t *testing.T) {
 
 	// After the delay the picker stops accepting: a new connection is
 	// refused.
-	select {
-	case <-stopped:
-	case <-time.After(launch.EventTimeout):
-		t.Fatalf("picker did not stop accepting within %s of SIGTERM", launch.EventTimeout)
-	}
+	launch.Receive(t, stopped, "the picker to stop accepting after SIGTERM")
 	if since := time.Since(t0); since < delay {
 		t.Errorf("stopped accepting %v after SIGTERM, before the %v delay", since, delay)
 	}

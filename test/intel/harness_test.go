@@ -121,13 +121,7 @@ func postAsync(ctx context.Context, base string, body []byte) <-chan answer {
 
 func await(t *testing.T, ch <-chan answer) answer {
 	t.Helper()
-	select {
-	case a := <-ch:
-		return a
-	case <-time.After(launch.EventTimeout):
-		t.Fatalf("no answer within %s", launch.EventTimeout)
-		return answer{}
-	}
+	return launch.Receive(t, ch, "a posted request's answer")
 }
 
 // metricsProxy fronts a simulator: everything passes through, except that

@@ -223,7 +223,7 @@ func TestMaxBatchedTokensAnnotation(t *testing.T) {
 	default:
 	}
 	serve(t, first) // its first byte ends its prefill: the second goes
-	r := <-done
+	r := launch.Receive(t, done, "the held request's decision once the first one's prefill ended")
 	if r.err != nil {
 		t.Fatal(r.err)
 	}

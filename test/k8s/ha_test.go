@@ -51,7 +51,7 @@ func TestFollowerForwardsToLeader(t *testing.T) {
 	default:
 	}
 	serve(t, held)
-	r := <-queued
+	r := launch.Receive(t, queued, "the forwarded request's decision once the leader's pod was free")
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -69,11 +69,7 @@ func TestFollowerForwardsToLeader(t *testing.T) {
 	if err := leader.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case r = <-queued:
-	case <-time.After(launch.EventTimeout):
-		t.Fatalf("forwarded request not answered %v after the leader's SIGTERM", launch.EventTimeout)
-	}
+	r = launch.Receive(t, queued, "the forwarded request's answer after the leader's SIGTERM")
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -126,7 +122,7 @@ func TestFollowerReplayCountsInItsBudget(t *testing.T) {
 	t.Logf("follower holds %v body bytes for 4 waiting %d-byte bodies (budget %d)", heldBytes(), len(big.Body), budget)
 	serve(t, held)
 	for i, q := range queued {
-		r := <-q
+		r := launch.Receive(t, q, fmt.Sprintf("forwarded stream %d's decision", i))
 		if r.err != nil {
 			t.Fatalf("forwarded stream %d: %v", i, r.err)
 		}

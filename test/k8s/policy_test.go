@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -45,12 +46,7 @@ func TestPinnedRequestOnDeletedPod(t *testing.T) {
 
 	t0 := time.Now()
 	e.deletePod("a")
-	var r result
-	select {
-	case r = <-waiting:
-	case <-time.After(launch.EventTimeout):
-		t.Fatalf("pinned request still waiting %v after its pod was deleted", launch.EventTimeout)
-	}
+	r := launch.Receive(t, waiting, "the pinned request's answer after its pod was deleted")
 	lat := r.at.Sub(t0)
 	if r.err != nil {
 		t.Fatal(r.err)
@@ -198,17 +194,13 @@ func TestQuantumChangeUnderLoad(t *testing.T) {
 	var order []string
 	next := func() {
 		t.Helper()
-		select {
-		case a := <-answers:
-			if a.err != nil {
-				t.Fatalf("request %d: %v", a.i, a.err)
-			}
-			answered[a.i]++
-			order = append(order, classOf[a.i])
-			serve(t, a.ex)
-		case <-time.After(launch.EventTimeout):
-			t.Fatalf("no dispatch within %v after %d", launch.EventTimeout, len(order))
+		a := launch.Receive(t, answers, fmt.Sprintf("a dispatch after %d", len(order)))
+		if a.err != nil {
+			t.Fatalf("request %d: %v", a.i, a.err)
 		}
+		answered[a.i]++
+		order = append(order, classOf[a.i])
+		serve(t, a.ex)
 	}
 	serve(t, blocker)
 	for range 40 {

@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -53,19 +54,15 @@ func TestSIGTERMDrainHandsOver(t *testing.T) {
 		t.Fatalf("SIGTERM the leader: %v", err)
 	}
 	for i, ch := range answers {
-		select {
-		case r := <-ch:
-			if r.err != nil {
-				t.Fatalf("queued request %d: %v", i, r.err)
-			}
-			d := r.ex.Decision()
-			if d.Routed() || d.Immediate.Status != 503 || d.Immediate.Headers.Get("x-laneway-reason") != epp.ReasonShuttingDown {
-				t.Fatalf("queued request %d answered %+v, want 503 %s", i, d, epp.ReasonShuttingDown)
-			}
-			_ = r.ex.Close()
-		case <-time.After(launch.EventTimeout):
-			t.Fatalf("queued request %d not answered %v after SIGTERM", i, launch.EventTimeout)
+		r := launch.Receive(t, ch, fmt.Sprintf("queued request %d's answer after SIGTERM", i))
+		if r.err != nil {
+			t.Fatalf("queued request %d: %v", i, r.err)
 		}
+		d := r.ex.Decision()
+		if d.Routed() || d.Immediate.Status != 503 || d.Immediate.Headers.Get("x-laneway-reason") != epp.ReasonShuttingDown {
+			t.Fatalf("queued request %d answered %+v, want 503 %s", i, d, epp.ReasonShuttingDown)
+		}
+		_ = r.ex.Close()
 	}
 
 	// The Lease goes while the dispatched stream is still open: the

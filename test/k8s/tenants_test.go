@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -108,15 +109,11 @@ func TestTenantsFromProfile(t *testing.T) {
 	goldBefore := p.Metrics.Value(t, "laneway_dispatches_total", "policy_class", "gold")
 	serve(t, blocker)
 	for i := range queued {
-		select {
-		case r := <-answers:
-			if r.err != nil {
-				t.Fatalf("queued request %d: %v", i, r.err)
-			}
-			serve(t, r.ex)
-		case <-time.After(launch.EventTimeout):
-			t.Fatalf("%d of %d queued requests dispatched within %v", i, queued, launch.EventTimeout)
+		r := launch.Receive(t, answers, fmt.Sprintf("queued request %d of %d dispatched", i+1, queued))
+		if r.err != nil {
+			t.Fatalf("queued request %d: %v", i, r.err)
 		}
+		serve(t, r.ex)
 	}
 	select {
 	case r := <-answers:
