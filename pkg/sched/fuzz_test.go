@@ -108,7 +108,8 @@ func fuzzRank(addr string) int {
 
 // fuzzPolicies are the policies a run swaps between: different class
 // sets, orders, thresholds (fixed and fractional), ratios, limits and
-// wait budgets.
+// wait budgets, with and without tenants (p1: weights, a tenant's own
+// limit, tenant-fair classes, one of them bounded to two tenants).
 func fuzzPolicies() []*Policy {
 	lim := func(c drr.ClassConfig, reqs uint64) drr.ClassConfig { c.RequestLimitPerWorker = reqs; return c }
 	p0 := byHeader(300, class("c0", 100, 0), class("c1", 25, 400*time.Millisecond))
@@ -116,6 +117,18 @@ func fuzzPolicies() []*Policy {
 	p1.Classes[1].Policy = drr.WSPT
 	p1.Classes[2].Policy = drr.EDF
 	p1.Busy[1] = policy.BusyTest{Frac: 0.05, HasFrac: true, Ratio: 0.5}
+	p1.Classes[0].TenantFairness = true
+	p1.Classes[2].TenantFairness, p1.Classes[2].MaxTenants = true, 2
+	p1.Grant = func(t *Ticket) policy.TenantGrant {
+		g := policy.TenantGrant{Tenant: drr.Tenant{Name: t.Tenant, Weight: 1}}
+		switch t.Tenant {
+		case "t1":
+			g.Weight = 3
+		case "t2":
+			g.RequestLimit = 2
+		}
+		return g
+	}
 	p2 := byHeader(0, class("c0", 1, 0)) // never queues
 	return []*Policy{p0, p1, p2}
 }
@@ -316,7 +329,7 @@ func runCoreOps(data []byte, pk Picker) error {
 			name = "admit"
 			b := next()
 			t := &Ticket{ClassHeader: fmt.Sprintf("c%d", b%4), RawISL: uint64(next())*4 + uint64(b&3),
-				Priority: int32(int8(next())), Strict: uint32(next() % 3)}
+				Priority: int32(int8(next())), Strict: uint32(next() % 3), Tenant: fmt.Sprintf("t%d", b>>4&3)}
 			if withPrefix { // prompts of a few shared prefixes, so overlaps happen
 				group := uint64(next() % 4)
 				n := int(t.RawISL / 4)
