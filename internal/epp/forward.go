@@ -239,15 +239,16 @@ func (f *forwarder) proxy(gw extprocv3.ExternalProcessor_ProcessServer, lc *lead
 	ctx, cancel := context.WithCancel(gw.Context())
 	defer cancel()
 	upCtx := metadata.AppendToOutgoingContext(ctx, forwardedByKey, f.self)
-	p := &pump{gw: gw, held: f.local, kept: true, rest: make(chan recvResult)}
-	defer p.commit() // whatever way the stream ends, its copies go
 	up, err := extprocv3.NewExternalProcessorClient(lc.conn).Process(upCtx)
 	if err != nil {
-		p.broken.Store(true)
-		go p.run(cancel)
-		return f.fallback(gw, lc, p, err)
+		// Nothing of the gateway's stream has been read yet: the local
+		// handler takes it as it is, with no pump to replay through.
+		f.routes[routeFallback].Inc()
+		f.log.V(3).Info("leader did not answer; scheduling the stream here", "leader", lc.holder, "error", err.Error())
+		return f.local.Process(gw)
 	}
-	p.up = up
+	p := &pump{gw: gw, up: up, held: f.local, kept: true, rest: make(chan recvResult)}
+	defer p.commit() // whatever way the stream ends, its copies go
 	go p.run(cancel)
 	first := true
 	for {
@@ -281,12 +282,6 @@ func (f *forwarder) proxy(gw extprocv3.ExternalProcessor_ProcessServer, lc *lead
 			return err
 		}
 	}
-}
-
-// fallback replays a stream whose upstream could not even be opened.
-func (f *forwarder) fallback(gw extprocv3.ExternalProcessor_ProcessServer, lc *leaderConn, p *pump, cause error) error {
-	replay, _ := p.divert() // nothing was sent up: everything is kept
-	return f.replay(gw, lc, replay, cause)
 }
 
 func (f *forwarder) replay(gw extprocv3.ExternalProcessor_ProcessServer, lc *leaderConn, rs *replayStream, cause error) error {
