@@ -278,7 +278,8 @@ func (e *Engine) takeInbox(now int64) {
 		s.finish = time.Now()
 		e.end(s, seqAborted, "abort")
 	}
-	e.updateGauges()
+	// No updateGauges here: run's next step is Schedule and then one,
+	// with nothing in between that blocks.
 }
 
 // apply turns the model's events into request state, records and metrics.
