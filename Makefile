@@ -57,7 +57,7 @@ bench: ## Run every benchmark once with allocation figures.
 .PHONY: bench-quality
 bench-quality: build ## The scheduling-quality benchmark (minutes; not in make test): overload, tenants and scale scenarios of laneway simulate, and one overload run both ways (real processes and simulated). Report in out/bench-quality.
 	LANEWAY_BENCH_QUALITY=1 LANEWAY_BIN=$(BIN) LANEWAY_BENCH_OUT=$(CURDIR)/out/bench-quality \
-	  $(GO) test -count=1 -timeout 30m -run '^TestBenchQuality$$' -v ./internal/simulate/quality/
+	  $(GO) test -count=1 -timeout 30m -run '^TestBenchQuality$$' -v ./internal/testbed/simulate/quality/
 
 # The soak (`make soak`, not part of `make test`): SOAK_DURATION of open
 # loop at SOAK_RATE through the real picker, TLS on, with endpoint churn

@@ -374,8 +374,8 @@ func architecturePaths(md []byte) []string {
 
 // TestArchitecturePaths pins the path reader.
 func TestArchitecturePaths(t *testing.T) {
-	in := "`pkg/drr` and `internal/load/h2client`; see pkg/extproc. Not github.com/laneway-dev/laneway/pkg/x nor cmd/... twice: `pkg/drr`."
-	want := []string{"pkg/drr", "internal/load/h2client", "pkg/extproc", "cmd"}
+	in := "`pkg/drr` and `internal/testbed/load/h2client`; see pkg/extproc. Not github.com/laneway-dev/laneway/pkg/x nor cmd/... twice: `pkg/drr`."
+	want := []string{"pkg/drr", "internal/testbed/load/h2client", "pkg/extproc", "cmd"}
 	if got := architecturePaths([]byte(in)); !slices.Equal(got, want) {
 		t.Errorf("paths = %q, want %q", got, want)
 	}

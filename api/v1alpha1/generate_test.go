@@ -8,7 +8,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/testenv"
+	"github.com/laneway-dev/laneway/internal/testbed/testenv"
 )
 
 // TestGeneratedFilesUpToDate regenerates the deepcopy code and the CRDs with

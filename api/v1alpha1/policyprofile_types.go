@@ -87,7 +87,7 @@ type PolicyProfileSpec struct {
 	// such identity is a tenant of its own. Absent: any class, weight 1,
 	// and caps 0 when identity is configured.
 	// +optional
-	DefaultTenant *TenantGrants `json:"defaultTenant,omitempty"`
+	DefaultTenant *TenantRights `json:"defaultTenant,omitempty"`
 }
 
 // ModelProfile is the pool-level settings of one model profile; the fields

@@ -25,7 +25,7 @@ func tenantProfile(ns string) *v1alpha1.PolicyProfile {
 				{
 					Name:  "acme",
 					Match: v1alpha1.TenantMatch{Exact: []string{"acme", "acme-batch"}, Prefix: []string{"acme-"}},
-					TenantGrants: v1alpha1.TenantGrants{
+					TenantRights: v1alpha1.TenantRights{
 						Allowed: []string{"premium", "regular"}, DefaultFamily: "regular", Weight: ptr[int64](3),
 						MaxPriority: ptr[int64](10), MaxStrictPriority: ptr[int64](1),
 						RequestQueueLimit: ptr[int64](500), RawISLTokenQueueLimit: ptr[int64](2_000_000),
@@ -34,10 +34,10 @@ func tenantProfile(ns string) *v1alpha1.PolicyProfile {
 				{
 					Name:         "acme-x",
 					Match:        v1alpha1.TenantMatch{Exact: []string{"acme-x"}},
-					TenantGrants: v1alpha1.TenantGrants{Allowed: []string{"premium"}, DefaultFamily: "premium"},
+					TenantRights: v1alpha1.TenantRights{Allowed: []string{"premium"}, DefaultFamily: "premium"},
 				},
 			},
-			DefaultTenant: &v1alpha1.TenantGrants{Allowed: []string{"regular"}, DefaultFamily: "regular"},
+			DefaultTenant: &v1alpha1.TenantRights{Allowed: []string{"regular"}, DefaultFamily: "regular"},
 		},
 	}
 }

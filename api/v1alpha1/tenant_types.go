@@ -51,8 +51,8 @@ type IdentityMetadata struct {
 }
 
 // TenantBinding names a tenant, selects the identities that are it, and
-// grants them what TenantGrants says. The first binding (in list order)
-// that matches an identity wins. (The embedded TenantGrants brings its own
+// gives them what TenantRights says. The first binding (in list order)
+// that matches an identity wins. (The embedded TenantRights brings its own
 // validation rule along.)
 type TenantBinding struct {
 	// Name is the tenant of every identity the binding matches: they share
@@ -66,7 +66,7 @@ type TenantBinding struct {
 	// +required
 	Match TenantMatch `json:"match"`
 
-	TenantGrants `json:",inline"`
+	TenantRights `json:",inline"`
 }
 
 // TenantMatch selects the identities equal to one of Exact or starting with
@@ -92,13 +92,13 @@ type TenantMatch struct {
 	Prefix []string `json:"prefix,omitempty"`
 }
 
-// TenantGrants is what a tenant may do: the classes it may ask for, its
+// TenantRights is what a tenant may do: the classes it may ask for, its
 // weight in tenant-fair classes, caps on its priority hints and its own
 // queue limits. PolicyProfile.spec.defaultTenant is one for identities no
 // binding matches.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.allowed) || has(self.defaultFamily)",message="allowed is set, so defaultFamily is required (where requests that ask for another class go)"
-type TenantGrants struct {
+type TenantRights struct {
 	// Allowed lists the policy families and explicit class names the tenant
 	// may ask for; a class header naming anything else is ignored. Absent:
 	// any class.

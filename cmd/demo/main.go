@@ -12,7 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/laneway-dev/laneway/internal/demo"
+	"github.com/laneway-dev/laneway/internal/testbed/demo"
 )
 
 func main() {

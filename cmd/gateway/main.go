@@ -13,8 +13,8 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/laneway-dev/laneway/internal/gateway"
 	"github.com/laneway-dev/laneway/internal/logging"
+	"github.com/laneway-dev/laneway/internal/testbed/gateway"
 )
 
 func main() {

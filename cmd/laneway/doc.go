@@ -17,5 +17,5 @@
 // simulate replays a trace through the picker's own scheduling core and
 // simulated model servers in virtual time, for each policy and baseline,
 // and writes a table, summary.json, requests.jsonl per policy and plots
-// (internal/simulate, docs/simulate.md). Usage errors exit 2.
+// (internal/testbed/simulate, docs/simulate.md). Usage errors exit 2.
 package main

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 
-	"github.com/laneway-dev/laneway/internal/simulate"
+	"github.com/laneway-dev/laneway/internal/testbed/simulate"
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
-	"github.com/laneway-dev/laneway/internal/testenv"
+	"github.com/laneway-dev/laneway/internal/testbed/testenv"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/laneway-dev/laneway/internal/load"
+	"github.com/laneway-dev/laneway/internal/testbed/load"
 )
 
 // compare spawns the references the flags ask for (the upstream lwepp of

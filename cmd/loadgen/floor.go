@@ -13,8 +13,8 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
-	"github.com/laneway-dev/laneway/internal/launch"
-	"github.com/laneway-dev/laneway/internal/load"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/load"
 )
 
 // The floor is load.FloorProcessor in a process of its own: loadgen runs

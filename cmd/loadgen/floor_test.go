@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/laneway-dev/laneway/internal/load"
+	"github.com/laneway-dev/laneway/internal/testbed/load"
 )
 
 // TestMain lets the test binary stand in for loadgen when spawnFloor runs

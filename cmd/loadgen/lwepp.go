@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/laneway-dev/laneway/internal/load"
+	"github.com/laneway-dev/laneway/internal/testbed/load"
 )
 
 // lweppFlags are the flags of the side-by-side run with the upstream

@@ -1,10 +1,10 @@
 // Command loadgen drives ext_proc load against an endpoint picker and
 // reports decision latency, decisions per second, errors and the picker's
 // CPU per 1,000 decisions, the way SPEC §13 measures them. The open loop
-// plays the gateway with internal/load/h2client, an event-driven HTTP/2 client
+// plays the gateway with internal/testbed/load/h2client, an event-driven HTTP/2 client
 // as cheap per stream as Envoy is (--client grpc uses the goroutine-per-
-// stream internal/extprocclient instead); the closed loop always uses
-// internal/extprocclient. See package internal/load for the modes:
+// stream internal/testbed/extprocclient instead); the closed loop always uses
+// internal/testbed/extprocclient. See package internal/testbed/load for the modes:
 //
 //	loadgen --spawn --rate 1000 --hold 1s --duration 10s          # open loop (SPEC §13)
 //	loadgen --spawn --mode closed --concurrency 1,100,1000        # closed loop, N streams
@@ -43,9 +43,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
-	"github.com/laneway-dev/laneway/internal/load"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/load"
 )
 
 type flags struct {
@@ -361,7 +361,7 @@ func parseLevels(s string) ([]int, error) {
 // spawn builds (unless --epp-bin) and starts the picker with one dummy
 // endpoint and no policy, logging to a file in a temp dir that is removed
 // at cleanup unless the picker failed.
-func spawn(ctx context.Context, f *flags) (*launch.Picker, func(), error) {
+func spawn(ctx context.Context, f *flags) (*launch.EPP, func(), error) {
 	dir, err := os.MkdirTemp("", "loadgen-")
 	if err != nil {
 		return nil, nil, fmt.Errorf("temp dir: %w", err)
@@ -389,7 +389,7 @@ func spawn(ctx context.Context, f *flags) (*launch.Picker, func(), error) {
 		return nil, nil, err
 	}
 	spawnedEndpoint = dummy.Addr()
-	p, err := bins.StartPicker(ctx, launch.PickerOptions{
+	p, err := bins.StartEPP(ctx, launch.EPPOptions{
 		TLS: f.tls, Endpoints: []string{dummy.Addr()}, Args: f.eppArgs, Proc: launch.ProcOptions{Output: logf},
 	})
 	if err != nil {

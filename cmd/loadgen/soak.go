@@ -13,8 +13,8 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/laneway-dev/laneway/internal/launch"
-	"github.com/laneway-dev/laneway/internal/load"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/load"
 	"github.com/laneway-dev/laneway/internal/tlsutil"
 )
 
@@ -219,7 +219,7 @@ func runSoak(ctx context.Context, f *flags) error {
 	pprof := launch.HostPort("127.0.0.1", pprofPort)
 	args := append([]string{"--endpoints-file=" + w.endpoints, "--policy-poll-interval=" + sk.pollInterval.String(),
 		"--pprof-port=" + strconv.Itoa(pprofPort)}, f.eppArgs...)
-	p, err := bins.StartPicker(ctx, launch.PickerOptions{TLS: f.tls, Policy: w.policy, Args: args, Proc: launch.ProcOptions{Output: logf}})
+	p, err := bins.StartEPP(ctx, launch.EPPOptions{TLS: f.tls, Policy: w.policy, Args: args, Proc: launch.ProcOptions{Output: logf}})
 	if err != nil {
 		return fmt.Errorf("%w (picker log in %s)", err, logf.Name())
 	}

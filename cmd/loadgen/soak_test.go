@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/laneway-dev/laneway/internal/epp"
-	"github.com/laneway-dev/laneway/internal/load"
+	"github.com/laneway-dev/laneway/internal/testbed/load"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
 

@@ -13,7 +13,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/spf13/pflag"
 
-	"github.com/laneway-dev/laneway/internal/modelsim"
+	"github.com/laneway-dev/laneway/internal/testbed/modelsim"
 )
 
 func main() {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/go-logr/logr"
+	"github.com/laneway-dev/laneway/pkg/sched"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -16,8 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
-
-	"github.com/laneway-dev/laneway/internal/dispatcher"
 )
 
 // Pod annotations the endpoint controller reads.
@@ -41,7 +40,7 @@ const (
 
 // EndpointSink receives full endpoint snapshots (the dispatcher).
 type EndpointSink interface {
-	SetEndpoints(eps []dispatcher.Endpoint)
+	SetEndpoints(eps []sched.Endpoint)
 }
 
 // Endpoints computes a pool's endpoint set from its pods (already selected
@@ -60,8 +59,8 @@ type EndpointSink interface {
 // defaultMax is the max_num_batched_tokens of pods without the
 // laneway.dev/max-num-batched-tokens annotation. Each problem with an
 // annotation is reported through bad, and the annotation is then ignored.
-func Endpoints(pool *inferencev1.InferencePool, pods []corev1.Pod, defaultMax uint64, bad func(pod string, err error)) []dispatcher.Endpoint {
-	var eps []dispatcher.Endpoint
+func Endpoints(pool *inferencev1.InferencePool, pods []corev1.Pod, defaultMax uint64, bad func(pod string, err error)) []sched.Endpoint {
+	var eps []sched.Endpoint
 	for i := range pods {
 		p := &pods[i]
 		if p.Status.PodIP == "" || !podReady(p) {
@@ -84,7 +83,7 @@ func Endpoints(pool *inferencev1.InferencePool, pods []corev1.Pod, defaultMax ui
 		}
 		tainted := p.DeletionTimestamp != nil || strings.TrimSpace(p.Annotations[AnnotationTaint]) == TaintNoSchedule
 		for _, port := range ports {
-			eps = append(eps, dispatcher.Endpoint{
+			eps = append(eps, sched.Endpoint{
 				Addr: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port))),
 				// Each target port is one data-parallel rank, counted in
 				// the pool's order (SPEC §5), whether or not it is active.
@@ -97,10 +96,10 @@ func Endpoints(pool *inferencev1.InferencePool, pods []corev1.Pod, defaultMax ui
 			})
 		}
 	}
-	slices.SortFunc(eps, func(a, b dispatcher.Endpoint) int { return strings.Compare(a.Addr, b.Addr) })
+	slices.SortFunc(eps, func(a, b sched.Endpoint) int { return strings.Compare(a.Addr, b.Addr) })
 	// Two pods cannot share an IP, but a pod listing a port twice could
 	// make a duplicate; the dispatcher keys endpoints by address.
-	return slices.CompactFunc(eps, func(a, b dispatcher.Endpoint) bool { return a.Addr == b.Addr })
+	return slices.CompactFunc(eps, func(a, b sched.Endpoint) bool { return a.Addr == b.Addr })
 }
 
 // LabelEngineType is the upstream pod label naming a model server's engine
@@ -167,7 +166,7 @@ type endpointReconciler struct {
 	synced     func()
 
 	// Owned by the reconcile goroutine (MaxConcurrentReconciles is 1).
-	last    []dispatcher.Endpoint
+	last    []sched.Endpoint
 	pushed  bool
 	missing bool // the pool did not exist at the last resync (logged once)
 }
@@ -175,7 +174,7 @@ type endpointReconciler struct {
 // Reconcile implements reconcile.Reconciler.
 func (r *endpointReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	var pool inferencev1.InferencePool
-	var eps []dispatcher.Endpoint
+	var eps []sched.Endpoint
 	switch err := r.reader.Get(ctx, r.pool, &pool); {
 	case apierrors.IsNotFound(err):
 		if !r.missing {

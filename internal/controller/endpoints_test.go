@@ -10,7 +10,7 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
-	"github.com/laneway-dev/laneway/internal/dispatcher"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 func testPool(ports ...int32) *inferencev1.InferencePool {
@@ -52,26 +52,26 @@ func label(k, v string) podOpt {
 	}
 }
 
-func ep(addr string, maxTok uint64, tainted bool) dispatcher.Endpoint {
-	return dispatcher.Endpoint{Addr: addr, MaxBatchedTokens: maxTok, Tainted: tainted}
+func ep(addr string, maxTok uint64, tainted bool) sched.Endpoint {
+	return sched.Endpoint{Addr: addr, MaxBatchedTokens: maxTok, Tainted: tainted}
 }
 
 // ranked is e with its data-parallel rank.
-func ranked(e dispatcher.Endpoint, rank int) dispatcher.Endpoint { e.Rank = rank; return e }
+func ranked(e sched.Endpoint, rank int) sched.Endpoint { e.Rank = rank; return e }
 
 func TestEndpoints(t *testing.T) {
 	tests := []struct {
 		name    string
 		pool    *inferencev1.InferencePool
 		pods    []corev1.Pod
-		want    []dispatcher.Endpoint
+		want    []sched.Endpoint
 		wantBad []string // substrings of reported annotation problems
 	}{
 		{
 			name: "each ready pod times each target port, sorted; a port's rank is its place in targetPorts",
 			pool: testPool(8001, 8000),
 			pods: []corev1.Pod{testPod("b", "10.0.0.2"), testPod("a", "10.0.0.1")},
-			want: []dispatcher.Endpoint{
+			want: []sched.Endpoint{
 				ranked(ep("10.0.0.1:8000", 100, false), 1), ep("10.0.0.1:8001", 100, false),
 				ranked(ep("10.0.0.2:8000", 100, false), 1), ep("10.0.0.2:8001", 100, false),
 			},
@@ -80,7 +80,7 @@ func TestEndpoints(t *testing.T) {
 			name: "not ready, no Ready condition and no IP are not endpoints",
 			pool: testPool(8000),
 			pods: []corev1.Pod{testPod("a", "10.0.0.1", notReady), testPod("b", "10.0.0.2", noConditions), testPod("c", ""), testPod("d", "10.0.0.4")},
-			want: []dispatcher.Endpoint{ep("10.0.0.4:8000", 100, false)},
+			want: []sched.Endpoint{ep("10.0.0.4:8000", 100, false)},
 		},
 		{
 			name: "being deleted or NoSchedule: kept, tainted",
@@ -90,7 +90,7 @@ func TestEndpoints(t *testing.T) {
 				testPod("b", "10.0.0.2", annotate(AnnotationTaint, "NoSchedule")),
 				testPod("c", "10.0.0.3", annotate(AnnotationTaint, "PreferNoSchedule")),
 			},
-			want: []dispatcher.Endpoint{ep("10.0.0.1:8000", 100, true), ep("10.0.0.2:8000", 100, true), ep("10.0.0.3:8000", 100, false)},
+			want: []sched.Endpoint{ep("10.0.0.1:8000", 100, true), ep("10.0.0.2:8000", 100, true), ep("10.0.0.3:8000", 100, false)},
 		},
 		{
 			name: "active-ports narrows; foreign and malformed entries are reported and skipped",
@@ -99,7 +99,7 @@ func TestEndpoints(t *testing.T) {
 				testPod("a", "10.0.0.1", annotate(AnnotationActivePorts, " 8002, 8000 ")),
 				testPod("b", "10.0.0.2", annotate(AnnotationActivePorts, "8001,9999,x")),
 			},
-			want:    []dispatcher.Endpoint{ep("10.0.0.1:8000", 100, false), ranked(ep("10.0.0.1:8002", 100, false), 2), ranked(ep("10.0.0.2:8001", 100, false), 1)},
+			want:    []sched.Endpoint{ep("10.0.0.1:8000", 100, false), ranked(ep("10.0.0.1:8002", 100, false), 2), ranked(ep("10.0.0.2:8001", 100, false), 1)},
 			wantBad: []string{`"9999", "x" are not target ports`},
 		},
 		{
@@ -116,20 +116,20 @@ func TestEndpoints(t *testing.T) {
 				testPod("b", "10.0.0.2", annotate(AnnotationMaxBatchedTokens, "lots")),
 				testPod("c", "10.0.0.3", annotate(AnnotationMaxBatchedTokens, "0")),
 			},
-			want:    []dispatcher.Endpoint{ep("10.0.0.1:8000", 16384, false), ep("10.0.0.2:8000", 100, false), ep("10.0.0.3:8000", 100, false)},
+			want:    []sched.Endpoint{ep("10.0.0.1:8000", 16384, false), ep("10.0.0.2:8000", 100, false), ep("10.0.0.3:8000", 100, false)},
 			wantBad: []string{`"lots" is not a positive integer`, `"0" is not a positive integer`},
 		},
 		{
 			name: "IPv6 addresses are bracketed",
 			pool: testPool(8000),
 			pods: []corev1.Pod{testPod("a", "fd00::1")},
-			want: []dispatcher.Endpoint{ep("[fd00::1]:8000", 100, false)},
+			want: []sched.Endpoint{ep("[fd00::1]:8000", 100, false)},
 		},
 		{
 			name: "the engine-type label names the endpoint's engine",
 			pool: testPool(8000),
 			pods: []corev1.Pod{testPod("a", "10.0.0.1", label(LabelEngineType, "sglang")), testPod("b", "10.0.0.2")},
-			want: []dispatcher.Endpoint{
+			want: []sched.Endpoint{
 				{Addr: "10.0.0.1:8000", MaxBatchedTokens: 100, Engine: "sglang"},
 				ep("10.0.0.2:8000", 100, false),
 			},
@@ -138,7 +138,7 @@ func TestEndpoints(t *testing.T) {
 			name: "a port listed twice is one endpoint",
 			pool: testPool(8000, 8000),
 			pods: []corev1.Pod{testPod("a", "10.0.0.1")},
-			want: []dispatcher.Endpoint{ep("10.0.0.1:8000", 100, false)},
+			want: []sched.Endpoint{ep("10.0.0.1:8000", 100, false)},
 		},
 	}
 	for _, tt := range tests {

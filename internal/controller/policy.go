@@ -13,14 +13,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
-	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // PolicySink receives validated policies (the dispatcher): queued requests
 // are re-resolved and keep their order.
 type PolicySink interface {
-	SetPolicy(p *dispatcher.Policy) error
+	SetPolicy(p *sched.Policy) error
 }
 
 // PoolRef identifies the pool whose policy objects count.
@@ -169,7 +169,7 @@ func (r *policyReconciler) apply(cfg *policy.Config) error {
 		// CheckObjects validated cfg with the same rules; this is a bug.
 		return fmt.Errorf("compile the policy of pool %s: %w", r.pool.Name, err)
 	}
-	if err := r.sink.SetPolicy(dispatcher.FromCompiled(compiled)); err != nil {
+	if err := r.sink.SetPolicy(sched.FromCompiled(compiled)); err != nil {
 		return fmt.Errorf("apply the policy of pool %s: %w", r.pool.Name, err)
 	}
 	r.applied = cfg

@@ -14,7 +14,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/laneway-dev/laneway/internal/testenv"
+	"github.com/laneway-dev/laneway/internal/testbed/testenv"
 )
 
 // rbacMarker matches one +kubebuilder:rbac marker line.

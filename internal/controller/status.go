@@ -14,13 +14,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
-	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // PendingSource reports queue state (the dispatcher's Snapshot).
 type PendingSource interface {
-	Snapshot() (dispatcher.Snapshot, bool)
+	Snapshot() (sched.Snapshot, bool)
 }
 
 // statusWriter publishes the policy controller's verdicts and the classes'

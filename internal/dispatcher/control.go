@@ -4,6 +4,7 @@ import (
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
 	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // The control-plane calls: endpoint sets, scrapes, policy swaps, snapshots
@@ -31,8 +32,8 @@ func (d *Dispatcher) call(fn func()) bool {
 }
 
 // SetEndpoints replaces the endpoint set (sched.Core.SetEndpoints).
-func (d *Dispatcher) SetEndpoints(eps []Endpoint) {
-	cp := append([]Endpoint(nil), eps...)
+func (d *Dispatcher) SetEndpoints(eps []sched.Endpoint) {
+	cp := append([]sched.Endpoint(nil), eps...)
 	if d.send(command{fn: func() { d.core.SetEndpoints(d.now(), cp) }}) && d.onEps != nil {
 		d.onEps(cp)
 	}
@@ -56,13 +57,13 @@ func (d *Dispatcher) BlockSize() int { return int(d.hashBS.Load()) }
 // SetPolicy swaps the class table without losing or reordering queued
 // requests (sched.Core.SetPolicy). An invalid policy is refused and the
 // old one stays in force.
-func (d *Dispatcher) SetPolicy(p *Policy) error {
+func (d *Dispatcher) SetPolicy(p *sched.Policy) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
 	var err error
 	if !d.call(func() { err = d.core.SetPolicy(p) }) {
-		return ErrShuttingDown
+		return sched.ErrShuttingDown
 	}
 	if err == nil {
 		d.identity.Store(p.Identity)
@@ -75,7 +76,7 @@ func (d *Dispatcher) SetPolicy(p *Policy) error {
 func (d *Dispatcher) Identity() *policy.Identity { return d.identity.Load() }
 
 // Snapshot returns the queue and endpoint state (for metrics and status).
-func (d *Dispatcher) Snapshot() (s Snapshot, ok bool) {
+func (d *Dispatcher) Snapshot() (s sched.Snapshot, ok bool) {
 	ok = d.call(func() { s = d.core.Snapshot() })
 	return s, ok
 }
@@ -83,7 +84,7 @@ func (d *Dispatcher) Snapshot() (s Snapshot, ok bool) {
 // Status is a Snapshot with each class's tenants that queue the most
 // tokens (same order as Snapshot.Classes), for the status page.
 type Status struct {
-	Snapshot
+	sched.Snapshot
 	TopTenants [][]drr.TenantStats
 }
 

@@ -18,7 +18,7 @@ type Dispatcher struct {
 	done    chan struct{} // closed when Run returns
 	start   time.Time
 	obs     Observer
-	onEps   func([]Endpoint)
+	onEps   func([]sched.Endpoint)
 	onLeave func(*sched.Leave)
 
 	// Response-path events (Grant.FirstByte, Grant.Done) go to a mailbox,
@@ -53,7 +53,7 @@ type command struct {
 }
 
 type release struct {
-	g  *Grant
+	g  *sched.Grant
 	ev sched.Event
 }
 
@@ -65,7 +65,7 @@ type waiter struct {
 }
 
 type result struct {
-	g   *Grant
+	g   *sched.Grant
 	err error
 }
 
@@ -74,7 +74,7 @@ type result struct {
 var waiters = sync.Pool{New: func() any { return &waiter{reply: make(chan result, 1)} }}
 
 // New returns a dispatcher scheduling with pol.
-func New(pol *Policy, opts Options) (*Dispatcher, error) {
+func New(pol *sched.Policy, opts Options) (*Dispatcher, error) {
 	d := &Dispatcher{cmds: make(chan command, 1024), done: make(chan struct{}), relWake: make(chan struct{}, 1),
 		start: time.Now(), obs: opts.Observer, onEps: opts.OnEndpoints, onLeave: opts.OnLeave}
 	if d.obs == nil {
@@ -196,7 +196,7 @@ type mailbox struct{ d *Dispatcher }
 // hasQueue, so either the loop's look finds the event or Release sees
 // hasQueue set. Whatever the loop takes from the mailbox, on any path, is
 // followed by a flush in the same turn.
-func (m mailbox) Release(g *Grant, ev sched.Event) {
+func (m mailbox) Release(g *sched.Grant, ev sched.Event) {
 	d := m.d
 	if d.stopped.Load() {
 		return
@@ -255,14 +255,14 @@ func (d *Dispatcher) send(c command) bool {
 // answered with an error: *drr.Rejection (429), *ShedError (429),
 // *NoEndpointError (503), ErrShuttingDown (503), or ctx's error when the
 // caller gave up (the ticket then leaves the queue at once).
-func (d *Dispatcher) Acquire(ctx context.Context, t *Ticket) (*Grant, error) {
+func (d *Dispatcher) Acquire(ctx context.Context, t *sched.Ticket) (*sched.Grant, error) {
 	w := waiters.Get().(*waiter)
 	w.req.Reset(t, w)
 	select {
 	case d.cmds <- command{w: w}:
 	case <-d.done:
 		waiters.Put(w)
-		return nil, ErrShuttingDown
+		return nil, sched.ErrShuttingDown
 	case <-ctx.Done():
 		waiters.Put(w)
 		return nil, ctx.Err()
@@ -282,7 +282,7 @@ func (d *Dispatcher) Acquire(ctx context.Context, t *Ticket) (*Grant, error) {
 		case r := <-w.reply:
 			return r.g, r.err
 		default:
-			return nil, ErrShuttingDown
+			return nil, sched.ErrShuttingDown
 		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 
 // twoClassPolicy is the premium/regular policy of SPEC §11 with the given
 // quanta; the class header names the class, anything else is regular.
-func twoClassPolicy(premiumQ, regularQ uint64, limit uint64) *Policy {
+func twoClassPolicy(premiumQ, regularQ uint64, limit uint64) *sched.Policy {
 	cls := []drr.ClassConfig{
 		{Name: "premium", Quantum: premiumQ, Policy: drr.FCFS, Queueing: true,
 			RequestLimitPerWorker: limit, RawISLLimitPerWorker: drr.NoLimit, CachedLimitPerWorker: drr.NoLimit},
@@ -21,10 +21,10 @@ func twoClassPolicy(premiumQ, regularQ uint64, limit uint64) *Policy {
 			RequestLimitPerWorker: limit, RawISLLimitPerWorker: drr.NoLimit, CachedLimitPerWorker: drr.NoLimit},
 	}
 	rule := policy.BusyTest{Threshold: 1536, HasThreshold: true}
-	return &Policy{
+	return &sched.Policy{
 		Classes: cls,
 		Busy:    []policy.BusyTest{rule, rule},
-		Resolve: func(t *Ticket) int {
+		Resolve: func(t *sched.Ticket) int {
 			if t.ClassHeader == "premium" {
 				return 0
 			}
@@ -33,7 +33,7 @@ func twoClassPolicy(premiumQ, regularQ uint64, limit uint64) *Policy {
 	}
 }
 
-func startDispatcher(t *testing.T, p *Policy, eps ...string) *Dispatcher {
+func startDispatcher(t *testing.T, p *sched.Policy, eps ...string) *Dispatcher {
 	t.Helper()
 	d, err := New(p, Options{Options: sched.Options{MaxFallbacks: 1}})
 	if err != nil {
@@ -42,16 +42,16 @@ func startDispatcher(t *testing.T, p *Policy, eps ...string) *Dispatcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	go d.Run(ctx)
 	t.Cleanup(func() { cancel(); <-d.done })
-	var list []Endpoint
+	var list []sched.Endpoint
 	for _, e := range eps {
-		list = append(list, Endpoint{Addr: e, MaxBatchedTokens: 8192})
+		list = append(list, sched.Endpoint{Addr: e, MaxBatchedTokens: 8192})
 	}
 	d.SetEndpoints(list)
 	return d
 }
 
 // acquireAsync starts an Acquire and returns the channel its result lands on.
-func acquireAsync(ctx context.Context, d *Dispatcher, tk *Ticket) <-chan result {
+func acquireAsync(ctx context.Context, d *Dispatcher, tk *sched.Ticket) <-chan result {
 	ch := make(chan result, 1)
 	go func() {
 		g, err := d.Acquire(ctx, tk)
@@ -79,11 +79,11 @@ func waitQueued(t *testing.T, d *Dispatcher, n int) {
 func TestDirectPickPrefersLeastActivePrefill(t *testing.T) {
 	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000", "127.0.0.3:8000")
 	ctx := context.Background()
-	g1, err := d.Acquire(ctx, &Ticket{ClassHeader: "premium", RawISL: 1000})
+	g1, err := d.Acquire(ctx, &sched.Ticket{ClassHeader: "premium", RawISL: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
-	g2, err := d.Acquire(ctx, &Ticket{ClassHeader: "premium", RawISL: 10})
+	g2, err := d.Acquire(ctx, &sched.Ticket{ClassHeader: "premium", RawISL: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,15 +115,15 @@ func TestQueuedRequestReleasedOnFirstByte(t *testing.T) {
 	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
 	ctx := context.Background()
 	// 4 × 512 tokens: the fourth pushes active prefill to 2048 > 1536.
-	var grants []*Grant
+	var grants []*sched.Grant
 	for i := 0; i < 4; i++ {
-		g, err := d.Acquire(ctx, &Ticket{ClassHeader: "premium", RawISL: 512})
+		g, err := d.Acquire(ctx, &sched.Ticket{ClassHeader: "premium", RawISL: 512})
 		if err != nil {
 			t.Fatal(err)
 		}
 		grants = append(grants, g)
 	}
-	ch := acquireAsync(ctx, d, &Ticket{ClassHeader: "regular", RawISL: 512})
+	ch := acquireAsync(ctx, d, &sched.Ticket{ClassHeader: "regular", RawISL: 512})
 	waitQueued(t, d, 1)
 	select {
 	case r := <-ch:
@@ -143,9 +143,9 @@ func TestQueuedRequestReleasedOnFirstByte(t *testing.T) {
 func TestReleasesReachTheNextAdmission(t *testing.T) {
 	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
 	ctx := context.Background()
-	var grants []*Grant
+	var grants []*sched.Grant
 	for i := 0; i < 4; i++ { // 2,048 tokens: busy past 1,536
-		grants = append(grants, mustAcquire(t, d, &Ticket{ClassHeader: "premium", RawISL: 512}))
+		grants = append(grants, mustAcquire(t, d, &sched.Ticket{ClassHeader: "premium", RawISL: 512}))
 	}
 	grants[0].FirstByte()
 	grants[1].Done()
@@ -157,7 +157,7 @@ func TestReleasesReachTheNextAdmission(t *testing.T) {
 	// 512 tokens active: the next request must go at once, not queue.
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	g, err := d.Acquire(cctx, &Ticket{ClassHeader: "regular", RawISL: 512})
+	g, err := d.Acquire(cctx, &sched.Ticket{ClassHeader: "regular", RawISL: 512})
 	if err != nil {
 		t.Fatalf("Acquire after the releases: %v", err)
 	}
@@ -187,7 +187,7 @@ func TestNoLostWakeUps(t *testing.T) {
 	for w := 0; w < workers; w++ {
 		go func() {
 			for i := 0; i < rounds; i++ {
-				g, err := d.Acquire(ctx, &Ticket{ClassHeader: "premium", RawISL: 512})
+				g, err := d.Acquire(ctx, &sched.Ticket{ClassHeader: "premium", RawISL: 512})
 				if err != nil {
 					errs <- err
 					return
@@ -219,8 +219,8 @@ func TestSettleTakesReleasesPostedMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.core.SetEndpoints(d.now(), eps("127.0.0.2:8000"))
-	admit := func() *waiter { return stepAdmit(d, &Ticket{ClassHeader: "premium", RawISL: 512}) }
-	var grants []*Grant
+	admit := func() *waiter { return stepAdmit(d, &sched.Ticket{ClassHeader: "premium", RawISL: 512}) }
+	var grants []*sched.Grant
 	for i := 0; i < 4; i++ {
 		r := <-admit().reply
 		if r.err != nil {
@@ -255,12 +255,12 @@ func TestSettleTakesReleasesPostedMeanwhile(t *testing.T) {
 func TestCancelledWhileQueuedLeavesAtOnce(t *testing.T) {
 	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
 	ctx := context.Background()
-	busy, err := d.Acquire(ctx, &Ticket{ClassHeader: "premium", RawISL: 4000})
+	busy, err := d.Acquire(ctx, &sched.Ticket{ClassHeader: "premium", RawISL: 4000})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
-	ch := acquireAsync(cctx, d, &Ticket{ClassHeader: "premium", RawISL: 512})
+	ch := acquireAsync(cctx, d, &sched.Ticket{ClassHeader: "premium", RawISL: 512})
 	waitQueued(t, d, 1)
 	cancel()
 	if r := <-ch; !errors.Is(r.err, context.Canceled) {
@@ -278,12 +278,12 @@ func TestQueueLimitRejects(t *testing.T) {
 	d := startDispatcher(t, twoClassPolicy(512, 128, 1), "127.0.0.2:8000")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := d.Acquire(ctx, &Ticket{ClassHeader: "regular", RawISL: 4000}); err != nil {
+	if _, err := d.Acquire(ctx, &sched.Ticket{ClassHeader: "regular", RawISL: 4000}); err != nil {
 		t.Fatal(err)
 	}
-	acquireAsync(ctx, d, &Ticket{ClassHeader: "regular", RawISL: 10})
+	acquireAsync(ctx, d, &sched.Ticket{ClassHeader: "regular", RawISL: 10})
 	waitQueued(t, d, 1)
-	_, err := d.Acquire(ctx, &Ticket{ClassHeader: "regular", RawISL: 10})
+	_, err := d.Acquire(ctx, &sched.Ticket{ClassHeader: "regular", RawISL: 10})
 	var rej *drr.Rejection
 	if !errors.As(err, &rej) {
 		t.Fatalf("err = %v, want *drr.Rejection", err)
@@ -298,18 +298,18 @@ func TestPinnedRequestOfRemovedEndpointGets503(t *testing.T) {
 	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000", "127.0.0.3:8000")
 	ctx := context.Background()
 	for _, ep := range []string{"127.0.0.2:8000", "127.0.0.3:8000"} {
-		if _, err := d.Acquire(ctx, &Ticket{ClassHeader: "premium", RawISL: 4000, HasAllow: true, Allow: []string{ep}}); err != nil {
+		if _, err := d.Acquire(ctx, &sched.Ticket{ClassHeader: "premium", RawISL: 4000, HasAllow: true, Allow: []string{ep}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	pinned := acquireAsync(ctx, d, &Ticket{ClassHeader: "premium", RawISL: 10, HasAllow: true, Allow: []string{"127.0.0.2:8000"}})
-	shared := acquireAsync(ctx, d, &Ticket{ClassHeader: "regular", RawISL: 10})
+	pinned := acquireAsync(ctx, d, &sched.Ticket{ClassHeader: "premium", RawISL: 10, HasAllow: true, Allow: []string{"127.0.0.2:8000"}})
+	shared := acquireAsync(ctx, d, &sched.Ticket{ClassHeader: "regular", RawISL: 10})
 	waitQueued(t, d, 2)
-	d.SetEndpoints([]Endpoint{{Addr: "127.0.0.3:8000"}})
+	d.SetEndpoints([]sched.Endpoint{{Addr: "127.0.0.3:8000"}})
 	r := <-pinned
-	var ne *NoEndpointError
+	var ne *sched.NoEndpointError
 	if !errors.As(r.err, &ne) {
-		t.Fatalf("pinned: got %+v, want NoEndpointError", r)
+		t.Fatalf("pinned: got %+v, want sched.NoEndpointError", r)
 	}
 	waitQueued(t, d, 1) // the shared request stays queued behind busy .3
 	select {
@@ -321,40 +321,40 @@ func TestPinnedRequestOfRemovedEndpointGets503(t *testing.T) {
 
 func TestEmptySubsetHintIs503(t *testing.T) {
 	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
-	_, err := d.Acquire(context.Background(), &Ticket{HasAllow: true})
-	var ne *NoEndpointError
+	_, err := d.Acquire(context.Background(), &sched.Ticket{HasAllow: true})
+	var ne *sched.NoEndpointError
 	if !errors.As(err, &ne) {
-		t.Fatalf("err = %v, want NoEndpointError", err)
+		t.Fatalf("err = %v, want sched.NoEndpointError", err)
 	}
 }
 
 func TestNoEndpointsIs503(t *testing.T) {
 	d := startDispatcher(t, twoClassPolicy(512, 128, 1024))
-	_, err := d.Acquire(context.Background(), &Ticket{RawISL: 5})
-	var ne *NoEndpointError
+	_, err := d.Acquire(context.Background(), &sched.Ticket{RawISL: 5})
+	var ne *sched.NoEndpointError
 	if !errors.As(err, &ne) {
-		t.Fatalf("err = %v, want NoEndpointError", err)
+		t.Fatalf("err = %v, want sched.NoEndpointError", err)
 	}
 }
 
 func TestShutdownAnswersEveryQueuedRequest(t *testing.T) {
 	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
 	ctx := context.Background()
-	if _, err := d.Acquire(ctx, &Ticket{RawISL: 4000}); err != nil {
+	if _, err := d.Acquire(ctx, &sched.Ticket{RawISL: 4000}); err != nil {
 		t.Fatal(err)
 	}
 	var chans []<-chan result
 	for i := 0; i < 20; i++ {
-		chans = append(chans, acquireAsync(ctx, d, &Ticket{RawISL: 10, ClassHeader: []string{"premium", "regular"}[i%2]}))
+		chans = append(chans, acquireAsync(ctx, d, &sched.Ticket{RawISL: 10, ClassHeader: []string{"premium", "regular"}[i%2]}))
 	}
 	waitQueued(t, d, 20)
 	d.Shutdown()
 	for i, ch := range chans {
-		if r := <-ch; !errors.Is(r.err, ErrShuttingDown) {
-			t.Fatalf("request %d: got %+v, want ErrShuttingDown", i, r)
+		if r := <-ch; !errors.Is(r.err, sched.ErrShuttingDown) {
+			t.Fatalf("request %d: got %+v, want sched.ErrShuttingDown", i, r)
 		}
 	}
-	if _, err := d.Acquire(ctx, &Ticket{RawISL: 1}); !errors.Is(err, ErrShuttingDown) {
+	if _, err := d.Acquire(ctx, &sched.Ticket{RawISL: 1}); !errors.Is(err, sched.ErrShuttingDown) {
 		t.Fatalf("after shutdown: err = %v", err)
 	}
 }
@@ -362,21 +362,21 @@ func TestShutdownAnswersEveryQueuedRequest(t *testing.T) {
 func TestPolicySwapKeepsQueuedRequests(t *testing.T) {
 	d := startDispatcher(t, twoClassPolicy(512, 128, 1024), "127.0.0.2:8000")
 	ctx := context.Background()
-	busy, err := d.Acquire(ctx, &Ticket{RawISL: 4000})
+	busy, err := d.Acquire(ctx, &sched.Ticket{RawISL: 4000})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var chans []<-chan result
 	for i := 0; i < 10; i++ {
-		chans = append(chans, acquireAsync(ctx, d, &Ticket{RawISL: 100, ClassHeader: "premium"}))
+		chans = append(chans, acquireAsync(ctx, d, &sched.Ticket{RawISL: 100, ClassHeader: "premium"}))
 		waitQueued(t, d, i+1)
 	}
 	// The new policy has a single class: every request moves there.
-	one := &Policy{
+	one := &sched.Policy{
 		Classes: []drr.ClassConfig{{Name: "only", Quantum: 1, Policy: drr.FCFS, Queueing: true,
 			RequestLimitPerWorker: drr.NoLimit, RawISLLimitPerWorker: drr.NoLimit, CachedLimitPerWorker: drr.NoLimit}},
 		Busy:    []policy.BusyTest{{Threshold: 1536, HasThreshold: true}},
-		Resolve: func(*Ticket) int { return 0 },
+		Resolve: func(*sched.Ticket) int { return 0 },
 	}
 	if err := d.SetPolicy(one); err != nil {
 		t.Fatal(err)
@@ -404,8 +404,8 @@ func TestReleaseTakenByAnotherCommandStillDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.core.SetEndpoints(d.now(), eps("127.0.0.2:8000"))
-	admit := func() *waiter { return stepAdmit(d, &Ticket{ClassHeader: "premium", RawISL: 512}) }
-	var grants []*Grant
+	admit := func() *waiter { return stepAdmit(d, &sched.Ticket{ClassHeader: "premium", RawISL: 512}) }
+	var grants []*sched.Grant
 	for range 4 {
 		grants = append(grants, (<-admit().reply).g)
 	}
@@ -413,7 +413,7 @@ func TestReleaseTakenByAnotherCommandStillDrains(t *testing.T) {
 	d.settle()            // the loop publishes its queue
 	grants[0].FirstByte() // posted with a wake-up
 	// One loop turn that picked the snapshot command first:
-	var snap Snapshot
+	var snap sched.Snapshot
 	d.takeReleases()
 	d.handle(command{fn: func() { snap = d.core.Snapshot() }})
 	d.flush()
@@ -433,7 +433,7 @@ func TestReleaseTakenByAnotherCommandStillDrains(t *testing.T) {
 
 // stepAdmit is one loop turn that admits t, for tests that step the loop
 // by hand instead of running it.
-func stepAdmit(d *Dispatcher, t *Ticket) *waiter {
+func stepAdmit(d *Dispatcher, t *sched.Ticket) *waiter {
 	w := &waiter{reply: make(chan result, 1)}
 	w.req.Reset(t, w)
 	d.handle(command{w: w})

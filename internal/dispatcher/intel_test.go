@@ -14,28 +14,28 @@ import (
 	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
-// recordingPicker wraps a picker and keeps the candidates of every pick.
-type recordingPicker struct {
-	inner Picker
+// recordingChooser wraps a chooser and keeps the candidates of every choice.
+type recordingChooser struct {
+	inner sched.Chooser
 	mu    sync.Mutex
-	picks [][]Candidate
+	picks [][]sched.Candidate
 }
 
-func (r *recordingPicker) Pick(t *Ticket, cands []Candidate, out []int) []int {
+func (r *recordingChooser) Choose(t *sched.Ticket, cands []sched.Candidate, out []int) []int {
 	r.mu.Lock()
 	r.picks = append(r.picks, slices.Clone(cands))
 	r.mu.Unlock()
-	return r.inner.Pick(t, cands, out)
+	return r.inner.Choose(t, cands, out)
 }
 
-func (r *recordingPicker) last(t *testing.T) map[string]Candidate {
+func (r *recordingChooser) last(t *testing.T) map[string]sched.Candidate {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.picks) == 0 {
 		t.Fatal("no pick recorded")
 	}
-	out := map[string]Candidate{}
+	out := map[string]sched.Candidate{}
 	for _, c := range r.picks[len(r.picks)-1] {
 		out[c.Addr] = c
 	}
@@ -43,20 +43,20 @@ func (r *recordingPicker) last(t *testing.T) map[string]Candidate {
 }
 
 // oneClass is one fcfs class with a busy threshold (or none when 0).
-func oneClass(threshold uint64) *Policy {
+func oneClass(threshold uint64) *sched.Policy {
 	rule := policy.BusyTest{}
 	if threshold > 0 {
 		rule = policy.BusyTest{Threshold: threshold, HasThreshold: true}
 	}
-	return &Policy{
+	return &sched.Policy{
 		Classes: []drr.ClassConfig{{Name: "standard", Quantum: 1, Policy: drr.FCFS, Queueing: threshold > 0,
 			RequestLimitPerWorker: drr.NoLimit, RawISLLimitPerWorker: drr.NoLimit, CachedLimitPerWorker: drr.NoLimit}},
 		Busy:    []policy.BusyTest{rule},
-		Resolve: func(*Ticket) int { return 0 },
+		Resolve: func(*sched.Ticket) int { return 0 },
 	}
 }
 
-func startWith(t *testing.T, p *Policy, o Options, eps ...Endpoint) *Dispatcher {
+func startWith(t *testing.T, p *sched.Policy, o Options, eps ...sched.Endpoint) *Dispatcher {
 	t.Helper()
 	d, err := New(p, o)
 	if err != nil {
@@ -71,7 +71,7 @@ func startWith(t *testing.T, p *Policy, o Options, eps ...Endpoint) *Dispatcher 
 
 // promptTicket is a ticket for a token-id prompt of n tokens whose first
 // shared tokens are common to every prompt of the same base.
-func promptTicket(n, shared int, base, seed uint32, bs int) *Ticket {
+func promptTicket(n, shared int, base, seed uint32, bs int) *sched.Ticket {
 	toks := make([]uint32, n)
 	for i := range toks {
 		if i < shared {
@@ -80,10 +80,10 @@ func promptTicket(n, shared int, base, seed uint32, bs int) *Ticket {
 			toks[i] = seed*7919 + uint32(i)*31 + 1<<30
 		}
 	}
-	return &Ticket{RawISL: uint64(n), Blocks: tokenize.BlockHashes(toks, bs), BlockSize: bs}
+	return &sched.Ticket{RawISL: uint64(n), Blocks: tokenize.BlockHashes(toks, bs), BlockSize: bs}
 }
 
-func mustAcquire(t *testing.T, d *Dispatcher, tk *Ticket) *Grant {
+func mustAcquire(t *testing.T, d *Dispatcher, tk *sched.Ticket) *sched.Grant {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -94,17 +94,17 @@ func mustAcquire(t *testing.T, d *Dispatcher, tk *Ticket) *Grant {
 	return g
 }
 
-func eps(addrs ...string) []Endpoint {
-	var out []Endpoint
+func eps(addrs ...string) []sched.Endpoint {
+	var out []sched.Endpoint
 	for _, a := range addrs {
-		out = append(out, Endpoint{Addr: a, MaxBatchedTokens: 8192})
+		out = append(out, sched.Endpoint{Addr: a, MaxBatchedTokens: 8192})
 	}
 	return out
 }
 
 func TestPrefixSnapshotAndAffinity(t *testing.T) {
-	rec := &recordingPicker{inner: sched.NewCostPicker(1, 1)}
-	d := startWith(t, oneClass(0), Options{Options: sched.Options{Picker: rec, Prefix: &PrefixOptions{}}},
+	rec := &recordingChooser{inner: sched.NewCostChooser(1, 1)}
+	d := startWith(t, oneClass(0), Options{Options: sched.Options{Chooser: rec, Prefix: &sched.PrefixOptions{}}},
 		eps("127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1")...)
 
 	first := promptTicket(1000, 1000, 1, 1, 16)
@@ -163,10 +163,10 @@ func TestPrefixSnapshotAndAffinity(t *testing.T) {
 // costs more than the prefill the cache saves.
 func TestPrefixAffinityYieldsToLoad(t *testing.T) {
 	start := func() *Dispatcher {
-		return startWith(t, oneClass(0), Options{Options: sched.Options{Picker: sched.NewCostPicker(1, 1), Prefix: &PrefixOptions{}}},
+		return startWith(t, oneClass(0), Options{Options: sched.Options{Chooser: sched.NewCostChooser(1, 1), Prefix: &sched.PrefixOptions{}}},
 			eps("127.0.0.2:1", "127.0.0.3:1")...)
 	}
-	repeat := func() *Ticket { return promptTicket(1600, 1600, 1, 1, 16) }
+	repeat := func() *sched.Ticket { return promptTicket(1600, 1600, 1, 1, 16) }
 
 	// While the first is in prefill (100 blocks), a repeat costs 1 + 100
 	// at home and 100 elsewhere: waiting for that prefill is no better than
@@ -205,13 +205,13 @@ func TestCachedTokensPickTheBucket(t *testing.T) {
 		RequestLimitPerWorker: drr.NoLimit, RawISLLimitPerWorker: drr.NoLimit, CachedLimitPerWorker: drr.NoLimit})
 	p.Classes[0].Name = "small"
 	p.Busy = append(p.Busy, policy.BusyTest{})
-	p.Resolve = func(t *Ticket) int {
+	p.Resolve = func(t *sched.Ticket) int {
 		if t.Uncached() < 500 {
 			return 0
 		}
 		return 1
 	}
-	d := startWith(t, p, Options{Options: sched.Options{Prefix: &PrefixOptions{}}}, eps("127.0.0.2:1")...)
+	d := startWith(t, p, Options{Options: sched.Options{Prefix: &sched.PrefixOptions{}}}, eps("127.0.0.2:1")...)
 	a := promptTicket(1000, 1000, 1, 1, 16)
 	mustAcquire(t, d, a).Done()
 	if a.Class != 1 {
@@ -230,7 +230,7 @@ func TestStaleAndUnseenLoadHoldRequests(t *testing.T) {
 	ctx := context.Background()
 
 	// Not scraped yet: busy, so a queueing class holds the request.
-	ch := acquireAsync(ctx, d, &Ticket{RawISL: 100})
+	ch := acquireAsync(ctx, d, &sched.Ticket{RawISL: 100})
 	waitQueued(t, d, 1)
 	snap, _ := d.Snapshot()
 	if !snap.Endpoints[0].Stale {
@@ -250,7 +250,7 @@ func TestStaleAndUnseenLoadHoldRequests(t *testing.T) {
 	// Two requests waiting in the engine that we did not send, at the seed
 	// estimate of 1024 tokens, exceed 1536: busy.
 	d.SetEndpointMetrics(ep, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running, Waiting: 2, Running: 4}, false)
-	ch = acquireAsync(ctx, d, &Ticket{RawISL: 100})
+	ch = acquireAsync(ctx, d, &sched.Ticket{RawISL: 100})
 	waitQueued(t, d, 1)
 	snap, _ = d.Snapshot()
 	if e := snap.Endpoints[0]; e.UnseenWaiting != 2 || e.UnseenPrefill < 1536 {
@@ -284,7 +284,7 @@ func TestStaleAndUnseenLoadHoldRequests(t *testing.T) {
 
 	// Stale again: busy until fresh.
 	d.SetEndpointMetrics(ep, podmetrics.Metrics{}, true)
-	ch = acquireAsync(ctx, d, &Ticket{RawISL: 100})
+	ch = acquireAsync(ctx, d, &sched.Ticket{RawISL: 100})
 	waitQueued(t, d, 1)
 	d.SetEndpointMetrics(ep, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running}, false)
 	if r = <-ch; r.err != nil {
@@ -296,14 +296,14 @@ func TestStaleAndUnseenLoadHoldRequests(t *testing.T) {
 }
 
 func TestStaleRankedLastAndCandidateLoad(t *testing.T) {
-	rec := &recordingPicker{inner: sched.NewCostPicker(3, 1)}
+	rec := &recordingChooser{inner: sched.NewCostChooser(3, 1)}
 	a, b, c := "127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1"
-	d := startWith(t, oneClass(0), Options{Options: sched.Options{Picker: rec, ExpectMetrics: true, MaxFallbacks: 2}}, eps(a, b, c)...)
+	d := startWith(t, oneClass(0), Options{Options: sched.Options{Chooser: rec, ExpectMetrics: true, MaxFallbacks: 2}}, eps(a, b, c)...)
 	full := podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks
 	d.SetEndpointMetrics(a, podmetrics.Metrics{Known: full, Running: 5, BlockSize: 16, NumBlocks: 1000}, false)
 	d.SetEndpointMetrics(b, podmetrics.Metrics{Known: full, BlockSize: 32, NumBlocks: 1000}, false)
 	// c is never scraped: stale, so last even though a is loaded.
-	g := mustAcquire(t, d, &Ticket{RawISL: 64})
+	g := mustAcquire(t, d, &sched.Ticket{RawISL: 64})
 	if !slices.Equal(g.Endpoints, []string{b, a, c}) {
 		t.Fatalf("order %v, want [b a c]: a runs 5 sequences, c is stale", g.Endpoints)
 	}
@@ -319,26 +319,26 @@ func TestStaleRankedLastAndCandidateLoad(t *testing.T) {
 	}
 	// Our own request past its first byte decodes there.
 	g.FirstByte()
-	mustAcquire(t, d, &Ticket{RawISL: 64}).Done()
+	mustAcquire(t, d, &sched.Ticket{RawISL: 64}).Done()
 	if got := rec.last(t)[b].Decoding; got != 1 {
 		t.Errorf("b Decoding %d while our request decodes there, want 1", got)
 	}
 	g.Done()
 	d.SetEndpoints(eps(a))
 	d.Snapshot() // the loop has applied the removal
-	if bs := d.BlockSize(); bs != DefaultBlockSize {
-		t.Errorf("BlockSize() = %d after b left, want %d", bs, DefaultBlockSize)
+	if bs := d.BlockSize(); bs != sched.DefaultBlockSize {
+		t.Errorf("BlockSize() = %d after b left, want %d", bs, sched.DefaultBlockSize)
 	}
 }
 
 func TestOnEndpointsAndEngines(t *testing.T) {
-	var got [][]Endpoint
+	var got [][]sched.Endpoint
 	var mu sync.Mutex
-	d := startWith(t, oneClass(0), Options{Options: sched.Options{DefaultEngine: policy.EngineSGLang}, OnEndpoints: func(e []Endpoint) {
+	d := startWith(t, oneClass(0), Options{Options: sched.Options{DefaultEngine: policy.EngineSGLang}, OnEndpoints: func(e []sched.Endpoint) {
 		mu.Lock()
 		got = append(got, e)
 		mu.Unlock()
-	}}, Endpoint{Addr: "127.0.0.2:1"}, Endpoint{Addr: "127.0.0.3:1", Engine: "vllm"}, Endpoint{Addr: "127.0.0.4:1", Engine: "tgi"})
+	}}, sched.Endpoint{Addr: "127.0.0.2:1"}, sched.Endpoint{Addr: "127.0.0.3:1", Engine: "vllm"}, sched.Endpoint{Addr: "127.0.0.4:1", Engine: "tgi"})
 	mu.Lock()
 	if len(got) != 1 || len(got[0]) != 3 {
 		t.Fatalf("OnEndpoints saw %v, want one set of 3", got)
@@ -349,7 +349,7 @@ func TestOnEndpointsAndEngines(t *testing.T) {
 		want policy.Engine
 	}{{"127.0.0.2:1", policy.EngineSGLang}, {"127.0.0.3:1", policy.EngineVLLM}, {"127.0.0.4:1", policy.EngineSGLang}}
 	for _, tc := range cases {
-		g := mustAcquire(t, d, &Ticket{RawISL: 1, Allow: []string{tc.addr}, HasAllow: true})
+		g := mustAcquire(t, d, &sched.Ticket{RawISL: 1, Allow: []string{tc.addr}, HasAllow: true})
 		if g.Engine != tc.want {
 			t.Errorf("grant on %s: engine %v, want %v", tc.addr, g.Engine, tc.want)
 		}

@@ -23,13 +23,13 @@ func TestOverloadFilter(t *testing.T) {
 	const a, b = "127.0.0.2:8000", "127.0.0.3:8000"
 	// The threshold is high enough that the waiting requests, counted as
 	// unseen prefill, do not make an endpoint busy by themselves.
-	d := startWith(t, oneClass(100_000), Options{Options: sched.Options{MaxEngineQueue: 5}}, Endpoint{Addr: a}, Endpoint{Addr: b})
+	d := startWith(t, oneClass(100_000), Options{Options: sched.Options{MaxEngineQueue: 5}}, sched.Endpoint{Addr: a}, sched.Endpoint{Addr: b})
 	ctx := context.Background()
 
 	d.SetEndpointMetrics(a, waitingPage(6), false)
 	d.SetEndpointMetrics(b, waitingPage(5), false) // at the bound is not past it
 	for i := 0; i < 3; i++ {
-		g, err := d.Acquire(ctx, &Ticket{RawISL: 10})
+		g, err := d.Acquire(ctx, &sched.Ticket{RawISL: 10})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -40,33 +40,33 @@ func TestOverloadFilter(t *testing.T) {
 	}
 
 	// b busy: a request queues behind it.
-	busy, err := d.Acquire(ctx, &Ticket{RawISL: 200_000})
+	busy, err := d.Acquire(ctx, &sched.Ticket{RawISL: 200_000})
 	if err != nil {
 		t.Fatal(err)
 	}
-	queued := acquireAsync(ctx, d, &Ticket{RawISL: 10})
+	queued := acquireAsync(ctx, d, &sched.Ticket{RawISL: 10})
 	waitQueued(t, d, 1)
 
 	// Now b's queue is past the bound too: nothing is left, so the queued
 	// request is answered at once, naming the filter.
 	d.SetEndpointMetrics(b, waitingPage(9), false)
 	r := <-queued
-	var ne *NoEndpointError
+	var ne *sched.NoEndpointError
 	if !errors.As(r.err, &ne) || !strings.Contains(ne.Filter, "--max-engine-queue=5") {
-		t.Fatalf("queued request: got %+v, want a NoEndpointError naming --max-engine-queue=5", r)
+		t.Fatalf("queued request: got %+v, want a sched.NoEndpointError naming --max-engine-queue=5", r)
 	}
-	if _, err := d.Acquire(ctx, &Ticket{RawISL: 10}); !errors.As(err, &ne) {
-		t.Fatalf("new request: err = %v, want NoEndpointError", err)
+	if _, err := d.Acquire(ctx, &sched.Ticket{RawISL: 10}); !errors.As(err, &ne) {
+		t.Fatalf("new request: err = %v, want sched.NoEndpointError", err)
 	}
 	// A pinned request is filtered the same way.
-	if _, err := d.Acquire(ctx, &Ticket{RawISL: 10, HasAllow: true, Allow: []string{a}}); !errors.As(err, &ne) {
-		t.Fatalf("pinned request: err = %v, want NoEndpointError", err)
+	if _, err := d.Acquire(ctx, &sched.Ticket{RawISL: 10, HasAllow: true, Allow: []string{a}}); !errors.As(err, &ne) {
+		t.Fatalf("pinned request: err = %v, want sched.NoEndpointError", err)
 	}
 	busy.Done()
 
 	// a's queue drains: it takes requests again.
 	d.SetEndpointMetrics(a, waitingPage(0), false)
-	g, err := d.Acquire(ctx, &Ticket{RawISL: 10})
+	g, err := d.Acquire(ctx, &sched.Ticket{RawISL: 10})
 	if err != nil || g.Endpoints[0] != a {
 		t.Fatalf("after a drained: grant %+v, err %v; want a pick on %s", g, err, a)
 	}
@@ -77,9 +77,9 @@ func TestOverloadFilter(t *testing.T) {
 // unseen load; it never filters.
 func TestOverloadFilterOff(t *testing.T) {
 	const a = "127.0.0.2:8000"
-	d := startWith(t, oneClass(0), Options{}, Endpoint{Addr: a})
+	d := startWith(t, oneClass(0), Options{}, sched.Endpoint{Addr: a})
 	d.SetEndpointMetrics(a, waitingPage(1000), false)
-	g, err := d.Acquire(context.Background(), &Ticket{RawISL: 10})
+	g, err := d.Acquire(context.Background(), &sched.Ticket{RawISL: 10})
 	if err != nil || g.Endpoints[0] != a {
 		t.Fatalf("grant %+v, err %v; want a pick on %s", g, err, a)
 	}

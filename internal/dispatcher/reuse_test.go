@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // TestAllowListSurvivesEndpointIDReuse: a queued request whose subset hint
@@ -16,11 +18,11 @@ func TestAllowListSurvivesEndpointIDReuse(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Make b and c busy so the allow-listed request queues on the shared heap.
-	gb := mustAcquire(t, d, &Ticket{RawISL: 1500, Allow: []string{b}, HasAllow: true})
-	gc := mustAcquire(t, d, &Ticket{RawISL: 1500, Allow: []string{c}, HasAllow: true})
+	gb := mustAcquire(t, d, &sched.Ticket{RawISL: 1500, Allow: []string{b}, HasAllow: true})
+	gc := mustAcquire(t, d, &sched.Ticket{RawISL: 1500, Allow: []string{c}, HasAllow: true})
 	defer gb.Done()
 	defer gc.Done()
-	ch := acquireAsync(ctx, d, &Ticket{RawISL: 10, Allow: []string{b, c}, HasAllow: true})
+	ch := acquireAsync(ctx, d, &sched.Ticket{RawISL: 10, Allow: []string{b, c}, HasAllow: true})
 	waitQueued(t, d, 1)
 
 	d.SetEndpoints(eps(a, b))           // c leaves; its id is free

@@ -6,43 +6,6 @@ import (
 	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
-// The request-path types live in the scheduling core (pkg/sched); these
-// names keep the dispatcher's API as its callers know it.
-type (
-	// Policy is sched.Policy.
-	Policy = sched.Policy
-	// Ticket is sched.Ticket.
-	Ticket = sched.Ticket
-	// Endpoint is sched.Endpoint.
-	Endpoint = sched.Endpoint
-	// Grant is sched.Grant.
-	Grant = sched.Grant
-	// Candidate is sched.Candidate.
-	Candidate = sched.Candidate
-	// Picker is sched.Picker.
-	Picker = sched.Picker
-	// PrefixOptions is sched.PrefixOptions.
-	PrefixOptions = sched.PrefixOptions
-	// NoEndpointError is sched.NoEndpointError.
-	NoEndpointError = sched.NoEndpointError
-	// ShedError is sched.ShedError.
-	ShedError = sched.ShedError
-	// Snapshot is sched.Snapshot.
-	Snapshot = sched.Snapshot
-)
-
-// ErrShuttingDown answers 503: the dispatcher is draining.
-var ErrShuttingDown = sched.ErrShuttingDown
-
-// DefaultBlockSize is sched.DefaultBlockSize.
-const DefaultBlockSize = sched.DefaultBlockSize
-
-// FromCompiled is sched.FromCompiled.
-var FromCompiled = sched.FromCompiled
-
-// EngineOf is sched.EngineOf.
-var EngineOf = sched.EngineOf
-
 // Options configure a Dispatcher: the core's options plus the driver's.
 type Options struct {
 	sched.Options
@@ -52,7 +15,7 @@ type Options struct {
 	// SetEndpoints, on the caller's goroutine, after the loop has it (the
 	// scraper starts and stops its targets here, in Kubernetes mode too).
 	// It must not modify the slice.
-	OnEndpoints func([]Endpoint)
+	OnEndpoints func([]sched.Endpoint)
 	// OnLeave, when set, sees every decision whole (tenant, tokens, wait)
 	// on the loop goroutine, after the Observer; it must not block or keep
 	// l.

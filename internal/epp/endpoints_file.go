@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // ParseEndpoints reads the contents of an --endpoints-file: ip:port
@@ -43,7 +44,7 @@ func ParseEndpoints(data []byte) ([]string, error) {
 // --endpoints-file's, else --endpoints. data is the file's content it was
 // parsed from (nil without the file), the version watchEndpoints starts
 // from: a change made after this read is then the first one it applies.
-func standaloneEndpoints(opts *Options) (eps []dispatcher.Endpoint, data []byte, err error) {
+func standaloneEndpoints(opts *Options) (eps []sched.Endpoint, data []byte, err error) {
 	addrs := opts.Endpoints
 	if path := opts.EndpointsFile; path != "" {
 		if data, err = os.ReadFile(path); err != nil {

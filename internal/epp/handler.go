@@ -9,22 +9,22 @@ import (
 	"sync"
 	"time"
 
-	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // RequestParser turns a request into the parts of a ticket that come from
 // its body and headers: model, prompt length and ordering hints. An error
 // answers 400.
 type RequestParser interface {
-	Parse(req *extproc.Request, t *dispatcher.Ticket) error
+	Parse(req *extproc.Request, t *sched.Ticket) error
 }
 
 // Acquirer is the dispatcher as the handler uses it.
 type Acquirer interface {
-	Acquire(ctx context.Context, t *dispatcher.Ticket) (*dispatcher.Grant, error)
+	Acquire(ctx context.Context, t *sched.Ticket) (*sched.Grant, error)
 }
 
 // Handler is the ext_proc Decider: parse, acquire, answer.
@@ -59,7 +59,7 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 			return extproc.Decision{}, jsonReply(http.StatusServiceUnavailable, reason, "this endpoint picker replica is not serving ("+reason+")", nil)
 		}
 	}
-	t := tickets.Get().(*dispatcher.Ticket)
+	t := tickets.Get().(*sched.Ticket)
 	ps, err := h.parse(req, t)
 	if err != nil {
 		recycleParsed(ps, t)
@@ -104,10 +104,10 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 
 // tickets recycles tickets: the dispatcher is done with one once Acquire
 // returned a grant or an error other than the caller's cancellation.
-var tickets = sync.Pool{New: func() any { return new(dispatcher.Ticket) }}
+var tickets = sync.Pool{New: func() any { return new(sched.Ticket) }}
 
-func putTicket(t *dispatcher.Ticket) {
-	*t = dispatcher.Ticket{}
+func putTicket(t *sched.Ticket) {
+	*t = sched.Ticket{}
 	tickets.Put(t)
 }
 
@@ -158,8 +158,8 @@ func (h *Handler) replyFor(err error) error {
 		return err
 	}
 	var rej *drr.Rejection
-	var shed *dispatcher.ShedError
-	var none *dispatcher.NoEndpointError
+	var shed *sched.ShedError
+	var none *sched.NoEndpointError
 	switch {
 	case errors.As(err, &rej):
 		details := map[string]any{
@@ -180,7 +180,7 @@ func (h *Handler) replyFor(err error) error {
 		}))
 	case errors.As(err, &none):
 		return jsonReply(http.StatusServiceUnavailable, "no_endpoints", none.Error(), nil)
-	case errors.Is(err, dispatcher.ErrShuttingDown):
+	case errors.Is(err, sched.ErrShuttingDown):
 		return jsonReply(http.StatusServiceUnavailable, "shutting_down", err.Error(), nil)
 	}
 	return jsonReply(http.StatusServiceUnavailable, "internal", "endpoint picker error", nil)

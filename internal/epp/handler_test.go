@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/extproc"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // TestReplyRetryAfter: the 429s of a class carry its queue-wait estimate;
@@ -27,9 +27,9 @@ func TestReplyRetryAfter(t *testing.T) {
 		{"queue limit of a class with an estimate", &drr.Rejection{Class: "busy", Kind: drr.LimitRequests, Current: 8, Limit: 8}, 3 * time.Second},
 		{"tenant limit", &drr.Rejection{Class: "busy", Tenant: "t", Kind: drr.LimitTenants, Current: 2, Limit: 2}, 3 * time.Second},
 		{"queue limit of a class without one", &drr.Rejection{Class: "idle", Kind: drr.LimitRequests}, 0},
-		{"shed", &dispatcher.ShedError{Class: "busy", Waited: time.Second, Budget: time.Second}, 3 * time.Second},
-		{"no endpoint", &dispatcher.NoEndpointError{Filter: "x"}, 0},
-		{"shutting down", dispatcher.ErrShuttingDown, 0},
+		{"shed", &sched.ShedError{Class: "busy", Waited: time.Second, Budget: time.Second}, 3 * time.Second},
+		{"no endpoint", &sched.NoEndpointError{Filter: "x"}, 0},
+		{"shutting down", sched.ErrShuttingDown, 0},
 		{"other", errors.New("x"), 0},
 	}
 	for _, tc := range cases {

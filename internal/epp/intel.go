@@ -13,15 +13,15 @@ import (
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/internal/metrics"
+	"github.com/laneway-dev/laneway/pkg/affinity"
 	"github.com/laneway-dev/laneway/pkg/extproc"
-	"github.com/laneway-dev/laneway/pkg/picker"
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
 	"github.com/laneway-dev/laneway/pkg/policy"
 	"github.com/laneway-dev/laneway/pkg/sched"
 	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
-// Picker names of --picker.
+// Picker names of --affinity.
 const (
 	PickerPrefix      = "prefix"
 	PickerLeastLoaded = "least-loaded"
@@ -68,8 +68,8 @@ func defaultIntelOptions() IntelOptions {
 		ScrapeMetrics:     true,
 		ScrapeInterval:    podmetrics.DefaultScrapeInterval,
 		Picker:            PickerPrefix,
-		PrefixBlockSize:   dispatcher.DefaultBlockSize,
-		PrefixCacheTokens: picker.DefaultCapacityTokens,
+		PrefixBlockSize:   sched.DefaultBlockSize,
+		PrefixCacheTokens: affinity.DefaultCapacityTokens,
 		PrefixCacheTTL:    10 * time.Minute,
 	}
 }
@@ -163,14 +163,14 @@ func (in *intel) configure(o *dispatcher.Options) {
 	o.DefaultEngine = in.engine
 	o.ExpectMetrics = in.opts.ScrapeMetrics
 	o.MaxEngineQueue = in.opts.MaxEngineQueue
-	o.Prefix = &dispatcher.PrefixOptions{
+	o.Prefix = &sched.PrefixOptions{
 		BlockSize: in.opts.PrefixBlockSize,
-		Index:     picker.IndexOptions{TTL: in.opts.PrefixCacheTTL, DefaultCapacity: in.opts.PrefixCacheTokens},
+		Index:     affinity.IndexOptions{TTL: in.opts.PrefixCacheTTL, DefaultCapacity: in.opts.PrefixCacheTokens},
 	}
 	if in.opts.Picker == PickerPrefix {
-		o.Picker = sched.NewCostPicker(1+o.MaxFallbacks, uint64(time.Now().UnixNano()))
+		o.Chooser = sched.NewCostChooser(1+o.MaxFallbacks, uint64(time.Now().UnixNano()))
 	} else {
-		o.Picker = sched.NewLeastLoaded(uint64(time.Now().UnixNano()))
+		o.Chooser = sched.NewLeastLoaded(uint64(time.Now().UnixNano()))
 	}
 	o.OnEndpoints = in.setEndpoints
 }
@@ -179,7 +179,7 @@ func (in *intel) configure(o *dispatcher.Options) {
 // the endpoint set, and the routed-token series of endpoints that left
 // are deleted (the core's and the scraper's per-endpoint series follow
 // their state already).
-func (in *intel) setEndpoints(eps []dispatcher.Endpoint) {
+func (in *intel) setEndpoints(eps []sched.Endpoint) {
 	in.setTargets(eps)
 	live := make(map[string]struct{}, len(eps))
 	for _, e := range eps {
@@ -222,7 +222,7 @@ func (in *intel) attach(d *dispatcher.Dispatcher, reg prometheus.Registerer) err
 
 // setTargets is the dispatcher's OnEndpoints hook: scrape what it routes
 // to.
-func (in *intel) setTargets(eps []dispatcher.Endpoint) {
+func (in *intel) setTargets(eps []sched.Endpoint) {
 	if in.scraper == nil {
 		return
 	}
@@ -234,7 +234,7 @@ func (in *intel) setTargets(eps []dispatcher.Endpoint) {
 			}
 		}
 		// policy and podmetrics number the engines alike.
-		ts = append(ts, podmetrics.Target{Addr: e.Addr, Engine: dispatcher.EngineOf(e.Engine, in.engine)})
+		ts = append(ts, podmetrics.Target{Addr: e.Addr, Engine: sched.EngineOf(e.Engine, in.engine)})
 	}
 	in.scraper.SetTargets(ts)
 }
@@ -255,7 +255,7 @@ type RequestHooks interface {
 	// body's priority members are (from the parser's pass; nil when the
 	// parser is no BlockParser); a non-nil result replaces the body sent
 	// upstream.
-	Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant, at *tokenize.PrioritySpans) []byte
+	Routed(req *extproc.Request, t *sched.Ticket, g *sched.Grant, at *tokenize.PrioritySpans) []byte
 }
 
 // BlockSize implements RequestHooks.
@@ -264,7 +264,7 @@ func (in *intel) BlockSize() int { return in.disp.BlockSize() }
 // Routed implements RequestHooks: count the cost snapshot per endpoint,
 // log it at debug level (numbers only, never prompt text) and forward the
 // priority.
-func (in *intel) Routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant, at *tokenize.PrioritySpans) []byte {
+func (in *intel) Routed(req *extproc.Request, t *sched.Ticket, g *sched.Grant, at *tokenize.PrioritySpans) []byte {
 	ep := g.Endpoints[0]
 	if c, ok := in.routedTo.GetIf(ep, in.isLive); ok {
 		c.prompt.Add(float64(t.RawISL))
@@ -352,7 +352,7 @@ const (
 // prompt's block hashes (when the hooks ask for them) and the body's
 // priority spans come from its one pass. The state it returns goes back
 // with recycleParsed.
-func (h *Handler) parse(req *extproc.Request, t *dispatcher.Ticket) (*parsed, error) {
+func (h *Handler) parse(req *extproc.Request, t *sched.Ticket) (*parsed, error) {
 	if h.Hooks != nil {
 		if bp, ok := h.Parser.(BlockParser); ok {
 			ps := parsedPool.Get().(*parsed)
@@ -364,7 +364,7 @@ func (h *Handler) parse(req *extproc.Request, t *dispatcher.Ticket) (*parsed, er
 
 // recycleParsed returns a request's parse state to the pool; call it only
 // once the dispatcher is done with the ticket.
-func recycleParsed(ps *parsed, t *dispatcher.Ticket) {
+func recycleParsed(ps *parsed, t *sched.Ticket) {
 	if ps == nil {
 		return
 	}
@@ -379,7 +379,7 @@ func recycleParsed(ps *parsed, t *dispatcher.Ticket) {
 }
 
 // routed applies the hooks to a granted request.
-func (h *Handler) routed(req *extproc.Request, t *dispatcher.Ticket, g *dispatcher.Grant, ps *parsed) []byte {
+func (h *Handler) routed(req *extproc.Request, t *sched.Ticket, g *sched.Grant, ps *parsed) []byte {
 	if h.Hooks == nil {
 		return nil
 	}

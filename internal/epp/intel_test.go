@@ -15,6 +15,7 @@ import (
 	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
@@ -24,7 +25,7 @@ func TestParseBlocksHashesLikeTheSimulator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tk dispatcher.Ticket
+	var tk sched.Ticket
 	if err := (BodyParser{}).ParseBlocks(&extproc.Request{Body: body}, &tk, 16, make([]uint64, 0, 4), &tokenize.Fields{}); err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func TestParseBlocksHashesLikeTheSimulator(t *testing.T) {
 	if !tk.HasPriority || tk.Priority != 3 {
 		t.Errorf("priority %d (has %v), want the hint 3", tk.Priority, tk.HasPriority)
 	}
-	var plain dispatcher.Ticket
+	var plain sched.Ticket
 	if err := (BodyParser{}).Parse(&extproc.Request{Body: body}, &plain); err != nil || plain.Blocks != nil || plain.RawISL != tk.RawISL {
 		t.Errorf("Parse: %v, blocks %v, raw %d: want no hashes and the same count", err, plain.Blocks, plain.RawISL)
 	}
@@ -57,7 +58,7 @@ func (c *countingTokenizer) Extract(dst []uint32, _ []byte, _ *tokenize.Fields) 
 }
 
 func TestBodyParserUsesItsTokenizer(t *testing.T) {
-	var tk dispatcher.Ticket
+	var tk sched.Ticket
 	p := BodyParser{Tokenizer: &countingTokenizer{n: 40}}
 	if err := p.ParseBlocks(&extproc.Request{Body: []byte(`{"model":"m","prompt":"x"}`)}, &tk, 16, nil, &tokenize.Fields{}); err != nil {
 		t.Fatal(err)
@@ -90,7 +91,7 @@ func newTestIntel(t *testing.T, args ...string) (*Handler, *intel, *prometheus.R
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := dispatcher.New(dispatcher.FromCompiled(c), dopts)
+	d, err := dispatcher.New(sched.FromCompiled(c), dopts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +103,7 @@ func newTestIntel(t *testing.T, args ...string) (*Handler, *intel, *prometheus.R
 	done := make(chan struct{})
 	go func() { d.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done; in.stop() })
-	d.SetEndpoints([]dispatcher.Endpoint{{Addr: "127.0.0.2:8000"}, {Addr: "127.0.0.3:8000", Engine: "sglang"}, {Addr: "127.0.0.4:8000", Engine: "trtllm"}})
+	d.SetEndpoints([]sched.Endpoint{{Addr: "127.0.0.2:8000"}, {Addr: "127.0.0.3:8000", Engine: "sglang"}, {Addr: "127.0.0.4:8000", Engine: "trtllm"}})
 	return &Handler{Parser: BodyParser{}, Dispatcher: d, Hooks: in}, in, reg
 }
 
@@ -255,7 +256,7 @@ func BenchmarkParseBlocks32k(b *testing.B) {
 			b.SetBytes(int64(len(req.Body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				var tk dispatcher.Ticket
+				var tk sched.Ticket
 				ps := parsedPool.Get().(*parsed)
 				if err := (BodyParser{}).ParseBlocks(req, &tk, 16, ps.blocks[:0], &ps.fields); err != nil {
 					b.Fatal(err)
@@ -285,7 +286,7 @@ func BenchmarkDecide32k100Endpoints(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	d, err := dispatcher.New(dispatcher.FromCompiled(c), dopts)
+	d, err := dispatcher.New(sched.FromCompiled(c), dopts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -296,9 +297,9 @@ func BenchmarkDecide32k100Endpoints(b *testing.B) {
 	done := make(chan struct{})
 	go func() { d.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	var eps []dispatcher.Endpoint
+	var eps []sched.Endpoint
 	for i := range 100 {
-		eps = append(eps, dispatcher.Endpoint{Addr: fmt.Sprintf("10.0.0.%d:8000", i+1)})
+		eps = append(eps, sched.Endpoint{Addr: fmt.Sprintf("10.0.0.%d:8000", i+1)})
 	}
 	d.SetEndpoints(eps)
 	h := &Handler{Parser: BodyParser{}, Dispatcher: d, Hooks: in}
@@ -319,7 +320,7 @@ func BenchmarkDecide32k100Endpoints(b *testing.B) {
 // ignores, so the picker must ignore them too.
 func TestParseKeysAreCaseSensitive(t *testing.T) {
 	body := []byte(`{"model":"a","Model":"b","prompt":"x","NVEXT":{"agent_hints":{"priority":9}},"nvext":{"Agent_Hints":{"priority":8}}}`)
-	var tk dispatcher.Ticket
+	var tk sched.Ticket
 	if err := (BodyParser{}).Parse(&extproc.Request{Body: body}, &tk); err != nil {
 		t.Fatal(err)
 	}

@@ -22,8 +22,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/laneway-dev/laneway/internal/controller"
-	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // RunKube is the endpoint picker in Kubernetes mode: endpoints from the
@@ -75,7 +75,7 @@ func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 	if err != nil {
 		return fmt.Errorf("compile the default policy: %w", err)
 	}
-	srv, err := NewServer(opts, dispatcher.FromCompiled(initial), BodyParser{}, log)
+	srv, err := NewServer(opts, sched.FromCompiled(initial), BodyParser{}, log)
 	if err != nil {
 		return err
 	}

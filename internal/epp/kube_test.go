@@ -12,8 +12,8 @@ import (
 	"github.com/spf13/pflag"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/extproc"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 func TestKubeOptions(t *testing.T) {
@@ -96,9 +96,9 @@ func TestKubeDefaults(t *testing.T) {
 // countingAcquirer records whether the handler reached the dispatcher.
 type countingAcquirer struct{ calls int }
 
-func (c *countingAcquirer) Acquire(context.Context, *dispatcher.Ticket) (*dispatcher.Grant, error) {
+func (c *countingAcquirer) Acquire(context.Context, *sched.Ticket) (*sched.Grant, error) {
 	c.calls++
-	return nil, &dispatcher.NoEndpointError{Filter: "test"}
+	return nil, &sched.NoEndpointError{Filter: "test"}
 }
 
 func TestHandlerGate(t *testing.T) {

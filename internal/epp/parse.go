@@ -3,9 +3,9 @@ package epp
 import (
 	"sync"
 
-	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
@@ -31,7 +31,7 @@ var (
 // the ticket), and the body's fields in f (where a forwarded priority is
 // spliced).
 type BlockParser interface {
-	ParseBlocks(req *extproc.Request, t *dispatcher.Ticket, blockSize int, dst []uint64, f *tokenize.Fields) error
+	ParseBlocks(req *extproc.Request, t *sched.Ticket, blockSize int, dst []uint64, f *tokenize.Fields) error
 }
 
 // tokenBufs recycles token slices: a 32k-token prompt would otherwise cost
@@ -39,13 +39,13 @@ type BlockParser interface {
 var tokenBufs = sync.Pool{New: func() any { s := make([]uint32, 0, 4096); return &s }}
 
 // Parse implements RequestParser.
-func (p BodyParser) Parse(req *extproc.Request, t *dispatcher.Ticket) error {
+func (p BodyParser) Parse(req *extproc.Request, t *sched.Ticket) error {
 	var f tokenize.Fields
 	return p.ParseBlocks(req, t, 0, nil, &f)
 }
 
 // ParseBlocks implements BlockParser.
-func (p BodyParser) ParseBlocks(req *extproc.Request, t *dispatcher.Ticket, blockSize int, dst []uint64, f *tokenize.Fields) error {
+func (p BodyParser) ParseBlocks(req *extproc.Request, t *sched.Ticket, blockSize int, dst []uint64, f *tokenize.Fields) error {
 	tok := p.Tokenizer
 	if tok == nil {
 		tok = EstimateTokenizer{}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
 	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // LoadPolicy reads and compiles the policy file; an empty path is the
@@ -36,7 +37,7 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv, err := NewServer(opts, dispatcher.FromCompiled(compiled), BodyParser{}, log)
+	srv, err := NewServer(opts, sched.FromCompiled(compiled), BodyParser{}, log)
 	if err != nil {
 		return err
 	}
@@ -94,7 +95,7 @@ func reloadPolicy(path string, d *dispatcher.Dispatcher) error {
 	if err != nil {
 		return err
 	}
-	if err := d.SetPolicy(dispatcher.FromCompiled(c)); err != nil {
+	if err := d.SetPolicy(sched.FromCompiled(c)); err != nil {
 		return fmt.Errorf("apply policy: %w", err)
 	}
 	return nil
@@ -104,15 +105,15 @@ func reloadPolicy(path string, d *dispatcher.Dispatcher) error {
 // the default max_num_batched_tokens, and as its data-parallel rank its
 // position among the listed ports of its host (SPEC §5: a host's ports
 // are its ranks, in the order given).
-func StaticEndpoints(addrs []string, maxBatched uint64) []dispatcher.Endpoint {
-	eps := make([]dispatcher.Endpoint, 0, len(addrs))
+func StaticEndpoints(addrs []string, maxBatched uint64) []sched.Endpoint {
+	eps := make([]sched.Endpoint, 0, len(addrs))
 	ranks := map[string]int{}
 	for _, a := range addrs {
 		host, _, err := net.SplitHostPort(a)
 		if err != nil {
 			host = a // Validate has refused it already; keep the old behaviour
 		}
-		eps = append(eps, dispatcher.Endpoint{Addr: a, MaxBatchedTokens: maxBatched, Rank: ranks[host]})
+		eps = append(eps, sched.Endpoint{Addr: a, MaxBatchedTokens: maxBatched, Rank: ranks[host]})
 		ranks[host]++
 	}
 	return eps

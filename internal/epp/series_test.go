@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/dispatcher"
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // vllmPage is a model server's metrics page with the series the scraper
@@ -24,11 +24,11 @@ const vllmPage = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n"
 // whose pods come and go for months would otherwise export every address
 // it ever had.
 func TestEndpointSeriesDeletedOnRemoval(t *testing.T) {
-	var eps []dispatcher.Endpoint
+	var eps []sched.Endpoint
 	for range 2 {
 		ms := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, vllmPage) }))
 		t.Cleanup(ms.Close)
-		eps = append(eps, dispatcher.Endpoint{Addr: strings.TrimPrefix(ms.URL, "http://"), MaxBatchedTokens: 8192})
+		eps = append(eps, sched.Endpoint{Addr: strings.TrimPrefix(ms.URL, "http://"), MaxBatchedTokens: 8192})
 	}
 	keep, gone := eps[0].Addr, eps[1].Addr
 	s := newTestServer(t, func(o *Options) { o.Intel.ScrapeMetrics = true })

@@ -29,6 +29,7 @@ import (
 	"github.com/laneway-dev/laneway/internal/status"
 	"github.com/laneway-dev/laneway/internal/tlsutil"
 	"github.com/laneway-dev/laneway/pkg/extproc"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // Health service names (SPEC §7). The ext_proc service name is what Envoy's
@@ -96,7 +97,7 @@ const (
 
 // NewServer builds the picker from options and a compiled policy, and
 // binds its listeners (so the ports are known before Run).
-func NewServer(opts *Options, pol *dispatcher.Policy, parser RequestParser, log logr.Logger) (*Server, error) {
+func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.Logger) (*Server, error) {
 	s := &Server{opts: opts, log: log, reg: prometheus.NewRegistry(), stopping: make(chan struct{})}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = metrics.New(s.reg, "")

@@ -16,8 +16,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
-	"github.com/laneway-dev/laneway/internal/dispatcher"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // testOptions are a plaintext picker's options on loopback ports the
@@ -46,13 +46,13 @@ func newTestServer(tb testing.TB, configure func(*Options)) *Server {
 }
 
 // defaultPolicy is the synthetic default class.
-func defaultPolicy(tb testing.TB) *dispatcher.Policy {
+func defaultPolicy(tb testing.TB) *sched.Policy {
 	tb.Helper()
 	c, err := LoadPolicy("")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return dispatcher.FromCompiled(c)
+	return sched.FromCompiled(c)
 }
 
 // runServer runs s with parts until the test ends and then requires that

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/laneway-dev/laneway/internal/dispatcher"
-	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // benchPromptBody is the load tool's request: a completions body with a
@@ -46,7 +46,7 @@ var benchResponseChunk = []byte("data: {\"choices\":[{\"text\":\"x\",\"finish_re
 func startBenchServer(b *testing.B) *Server {
 	b.Helper()
 	s := newTestServer(b, nil)
-	s.Dispatcher().SetEndpoints([]dispatcher.Endpoint{{Addr: "127.0.0.2:8000", MaxBatchedTokens: s.opts.MaxNumBatchedTokens}})
+	s.Dispatcher().SetEndpoints([]sched.Endpoint{{Addr: "127.0.0.2:8000", MaxBatchedTokens: s.opts.MaxNumBatchedTokens}})
 	s.SetReady(true)
 	runServer(b, s)
 	return s

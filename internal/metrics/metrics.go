@@ -4,9 +4,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/laneway-dev/laneway/pkg/sched"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/laneway-dev/laneway/internal/dispatcher"
 )
 
 // WorkerType is the worker_type label of the reference router's series. An
@@ -15,7 +14,7 @@ const WorkerType = "aggregated"
 
 // Snapshotter is where the collector reads queue and endpoint state.
 type Snapshotter interface {
-	Snapshot() (dispatcher.Snapshot, bool)
+	Snapshot() (sched.Snapshot, bool)
 }
 
 // Metrics holds every series the picker exposes. It implements

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
 

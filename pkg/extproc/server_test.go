@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
 

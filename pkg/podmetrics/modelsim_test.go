@@ -13,7 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/laneway-dev/laneway/internal/modelsim"
+	"github.com/laneway-dev/laneway/internal/testbed/modelsim"
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
 )
 

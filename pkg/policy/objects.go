@@ -194,18 +194,18 @@ func setTenants(cfg *Config, s *v1alpha1.PolicyProfileSpec) {
 	}
 	for i := range s.Tenants {
 		b := &s.Tenants[i]
-		tb := bindingFromGrants(&b.TenantGrants)
+		tb := bindingFromRights(&b.TenantRights)
 		tb.Name = b.Name
 		tb.Match = TenantMatch{Exact: slices.Clone(b.Match.Exact), Prefix: slices.Clone(b.Match.Prefix)}
 		cfg.Tenants = append(cfg.Tenants, tb)
 	}
 	if g := s.DefaultTenant; g != nil {
-		b := bindingFromGrants(g)
+		b := bindingFromRights(g)
 		cfg.DefaultTenant = &b
 	}
 }
 
-func bindingFromGrants(g *v1alpha1.TenantGrants) TenantBinding {
+func bindingFromRights(g *v1alpha1.TenantRights) TenantBinding {
 	return TenantBinding{
 		Allowed:               slices.Clone(g.Allowed),
 		DefaultFamily:         g.DefaultFamily,
@@ -217,8 +217,8 @@ func bindingFromGrants(g *v1alpha1.TenantGrants) TenantBinding {
 	}
 }
 
-func grantsFromBinding(b *TenantBinding) v1alpha1.TenantGrants {
-	return v1alpha1.TenantGrants{
+func rightsFromBinding(b *TenantBinding) v1alpha1.TenantRights {
+	return v1alpha1.TenantRights{
 		Allowed:               slices.Clone(b.Allowed),
 		DefaultFamily:         b.DefaultFamily,
 		Weight:                clonePtr(b.Weight),
@@ -242,11 +242,11 @@ func tenantsToSpec(cfg *Config, s *v1alpha1.PolicyProfileSpec) {
 		s.Tenants = append(s.Tenants, v1alpha1.TenantBinding{
 			Name:         b.Name,
 			Match:        v1alpha1.TenantMatch{Exact: slices.Clone(b.Match.Exact), Prefix: slices.Clone(b.Match.Prefix)},
-			TenantGrants: grantsFromBinding(b),
+			TenantRights: rightsFromBinding(b),
 		})
 	}
 	if b := cfg.DefaultTenant; b != nil {
-		g := grantsFromBinding(b)
+		g := rightsFromBinding(b)
 		s.DefaultTenant = &g
 	}
 }

@@ -107,7 +107,7 @@ func TestObjectsRoundTripTenants(t *testing.T) {
 	}
 	_, headers, uncached := resolveGrid()
 	for _, id := range []string{"", "acme", "acme-batch", "acme-x", "acme-y", "globex", "nobody"} {
-		a, b := file.Grant(id), back.Grant(id)
+		a, b := file.Rights(id), back.Rights(id)
 		if a.Tenant != b.Tenant || a.CapPriority(1<<30) != b.CapPriority(1<<30) || a.CapStrict(1<<31) != b.CapStrict(1<<31) {
 			t.Errorf("Grant(%q): file %+v, objects %+v", id, a.Tenant, b.Tenant)
 		}
@@ -330,7 +330,7 @@ func TestCheckObjects(t *testing.T) {
 			name: "tenant rules are judged with the classes and land on the profile",
 			profiles: []v1alpha1.PolicyProfile{withTenants(profile("llm", ""), func(s *v1alpha1.PolicyProfileSpec) {
 				s.Tenants = []v1alpha1.TenantBinding{{Name: "acme", Match: v1alpha1.TenantMatch{Exact: []string{"acme"}},
-					TenantGrants: v1alpha1.TenantGrants{Allowed: []string{"gold"}, DefaultFamily: "gold"}}}
+					TenantRights: v1alpha1.TenantRights{Allowed: []string{"gold"}, DefaultFamily: "gold"}}}
 			})},
 			classes: []v1alpha1.PolicyClass{pc("silver", nil)},
 			want: []want{
@@ -343,7 +343,7 @@ func TestCheckObjects(t *testing.T) {
 			name: "a binding naming a class that exists is valid",
 			profiles: []v1alpha1.PolicyProfile{withTenants(profile("llm", ""), func(s *v1alpha1.PolicyProfileSpec) {
 				s.Identity = &v1alpha1.Identity{Header: "x-tenant-id"}
-				s.DefaultTenant = &v1alpha1.TenantGrants{Allowed: []string{"silver"}, DefaultFamily: "silver"}
+				s.DefaultTenant = &v1alpha1.TenantRights{Allowed: []string{"silver"}, DefaultFamily: "silver"}
 			})},
 			classes: []v1alpha1.PolicyClass{pc("silver", func(s *v1alpha1.PolicyClassSpec) { s.TenantFairness = true })},
 			want:    []want{{prf("llm"), v1alpha1.ReasonAccepted, ""}, {cls("silver"), v1alpha1.ReasonAccepted, ""}},

@@ -335,10 +335,10 @@ func compileTenants(c *Config, classes []drr.ClassConfig) compiledTenants {
 	return out
 }
 
-// TenantGrant is what a request's tenant may do: its queue identity
+// TenantRights is what a request's tenant may do: its queue identity
 // (name, DRR weight, queue limits) and its binding's class and hint rules.
-// The zero value grants everything and names no tenant.
-type TenantGrant struct {
+// The zero value allows everything and names no tenant.
+type TenantRights struct {
 	drr.Tenant
 	// Binding is the matched binding; nil when the policy has no tenant
 	// rules (any class, no caps).
@@ -349,12 +349,12 @@ type TenantGrant struct {
 // configured.
 func (c *Compiled) Identity() *Identity { return c.tenants.identity }
 
-// Grant resolves the tenant of a request whose identity (or, without an
+// Rights resolves the tenant of a request whose identity (or, without an
 // identity source, whose x-laneway-tenant header) is id; "" means it
 // brought none. The first binding that matches wins; an identity no
 // binding matches gets the default binding, as its own tenant. It does not
 // allocate.
-func (c *Compiled) Grant(id string) TenantGrant {
+func (c *Compiled) Rights(id string) TenantRights {
 	ts := &c.tenants
 	if id == "" {
 		id = ts.identity.AnonymousTenant()
@@ -380,34 +380,34 @@ func (c *Compiled) Grant(id string) TenantGrant {
 		b = &ts.bindings[first]
 		name = b.Name
 	}
-	g := TenantGrant{Binding: b}
+	g := TenantRights{Binding: b}
 	if ts.track {
 		g.Tenant = drr.Tenant{Name: name, Weight: b.weight, RequestLimit: b.requestLimit, RawISLLimit: b.rawLimit}
 	}
 	return g
 }
 
-// CapPriority clamps a soft priority hint to the grant's cap.
-func (g *TenantGrant) CapPriority(p int32) int32 {
-	if g.Binding == nil {
+// CapPriority clamps a soft priority hint to the rights' cap.
+func (r *TenantRights) CapPriority(p int32) int32 {
+	if r.Binding == nil {
 		return p
 	}
-	return min(p, g.Binding.maxPriority)
+	return min(p, r.Binding.maxPriority)
 }
 
-// CapStrict clamps a strict priority hint to the grant's cap.
-func (g *TenantGrant) CapStrict(s uint32) uint32 {
-	if g.Binding == nil {
+// CapStrict clamps a strict priority hint to the rights' cap.
+func (r *TenantRights) CapStrict(s uint32) uint32 {
+	if r.Binding == nil {
 		return s
 	}
-	return min(s, g.Binding.maxStrict)
+	return min(s, r.Binding.maxStrict)
 }
 
 // ResolveFor is Resolve for a request of a tenant: a class header outside
 // the binding's allowed classes is ignored, and a request that names no
 // (allowed) class goes to the binding's default family. It does not
 // allocate.
-func (c *Compiled) ResolveFor(model, classHeader string, uncached uint64, g *TenantGrant) int {
+func (c *Compiled) ResolveFor(model, classHeader string, uncached uint64, g *TenantRights) int {
 	b := g.Binding
 	if b == nil || (b.allowed == nil && b.defaultFamily == "") {
 		return c.Resolve(model, classHeader, uncached)

@@ -80,7 +80,7 @@ func TestTenantGrants(t *testing.T) {
 		{"", drr.Tenant{Name: "nobody", Weight: 1}, "", 0, 0},
 	}
 	for _, tc := range cases {
-		g := c.Grant(tc.id)
+		g := c.Rights(tc.id)
 		if g.Tenant != tc.tenant || g.Binding == nil || g.Binding.Name != tc.binding {
 			t.Errorf("Grant(%q) = %+v (binding %+v), want %+v in binding %q", tc.id, g.Tenant, g.Binding, tc.tenant, tc.binding)
 		}
@@ -93,9 +93,9 @@ func TestTenantGrants(t *testing.T) {
 func TestResolveForAllowedClasses(t *testing.T) {
 	c := compileYAML(t, tenantPolicy)
 	idx := func(name string) int { return c.Index("", name) }
-	acme, other := c.Grant("acme"), c.Grant("globex")
+	acme, other := c.Rights("acme"), c.Rights("globex")
 	cases := []struct {
-		g        TenantGrant
+		g        TenantRights
 		header   string
 		uncached uint64
 		want     string
@@ -107,7 +107,7 @@ func TestResolveForAllowedClasses(t *testing.T) {
 		{other, "premium", 100, "regular-short"}, // not allowed: ignored
 		{other, "premium", 4000, "regular-long"},
 		{other, "regular", 100, "regular-short"},
-		{TenantGrant{}, "premium", 100, "premium-short"}, // no rules
+		{TenantRights{}, "premium", 100, "premium-short"}, // no rules
 	}
 	for _, tc := range cases {
 		if got := c.ResolveFor("", tc.header, tc.uncached, &tc.g); got != idx(tc.want) {
@@ -127,7 +127,7 @@ func TestNoIdentityTrustsHints(t *testing.T) {
 policy_classes:
   - {name: a, quantum: 1, prefill_busy_threshold: 10}
 `)
-	g := c.Grant("someone")
+	g := c.Rights("someone")
 	if g.Name != "" || g.CapPriority(1<<30) != 1<<30 || g.CapStrict(1<<31) != 1<<31 {
 		t.Fatalf("grant without identity or tenant rules: %+v caps %d %d", g.Tenant, g.CapPriority(1<<30), g.CapStrict(1<<31))
 	}
@@ -138,10 +138,10 @@ policy_classes:
 policy_classes:
   - {name: a, quantum: 1, prefill_busy_threshold: 10, tenant_fairness: true}
 `)
-	if g := fair.Grant("x"); g.Name != "x" || g.Weight != 1 {
+	if g := fair.Rights("x"); g.Name != "x" || g.Weight != 1 {
 		t.Fatalf("tenant-fair class without identity: grant %+v, want tenant x", g.Tenant)
 	}
-	if g := fair.Grant(""); g.Name != DefaultAnonymousTenant {
+	if g := fair.Rights(""); g.Name != DefaultAnonymousTenant {
 		t.Fatalf("no tenant header: %q, want %q", g.Name, DefaultAnonymousTenant)
 	}
 }

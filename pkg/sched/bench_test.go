@@ -21,7 +21,7 @@ func BenchmarkDecision(b *testing.B) {
 			for i := range c.endpoints {
 				addrs = append(addrs, fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1))
 			}
-			core := newCore(b, byHeader(0, class("standard", 1, 0)), Options{Picker: NewCostPicker(1, 1), Prefix: &PrefixOptions{}}, addrs...)
+			core := newCore(b, byHeader(0, class("standard", 1, 0)), Options{Chooser: NewCostChooser(1, 1), Prefix: &PrefixOptions{}}, addrs...)
 			tk := promptTicket(32768, 32768, 1, 1, 16)
 			for i := range holders {
 				core.index.Record(int(core.reg.live[i]), tk.Blocks[:len(tk.Blocks)*(i+1)/holders], 16, 0)

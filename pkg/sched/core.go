@@ -7,8 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/laneway-dev/laneway/pkg/affinity"
 	"github.com/laneway-dev/laneway/pkg/drr"
-	"github.com/laneway-dev/laneway/pkg/picker"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
@@ -17,8 +17,8 @@ type Options struct {
 	// MaxFallbacks is how many further endpoints follow the pick in a
 	// grant, in the order the picker prefers them.
 	MaxFallbacks int
-	// Picker chooses among eligible endpoints; nil means NewLeastLoaded(1).
-	Picker Picker
+	// Chooser chooses among eligible endpoints; nil means NewLeastLoaded(1).
+	Chooser Chooser
 	// ExpectMetrics makes every endpoint count as stale (busy, and ranked
 	// last) until SetMetrics delivers fresh metrics for it: with scraping
 	// on, an endpoint whose load is unknown must not look idle.
@@ -49,7 +49,7 @@ type PrefixOptions struct {
 	// reports a larger one (0 means DefaultBlockSize).
 	BlockSize int
 	// Index configures the per-endpoint index (capacity, TTL).
-	Index picker.IndexOptions
+	Index affinity.IndexOptions
 }
 
 // DefaultBlockSize is the prefix hashing block size when nothing else is
@@ -80,9 +80,9 @@ type Core struct {
 
 	// The prefix-cache index and the cost snapshot's per-endpoint
 	// overlaps, kept for a grant in the same call (overlapFor).
-	index      *picker.Index // nil: no prefix index
-	indexGen   uint64        // bumped by every Record
-	overlap    []int         // by EndpointID: blocks cached, valid for overlapFor at overlapGen
+	index      *affinity.Index // nil: no prefix index
+	indexGen   uint64          // bumped by every Record
+	overlap    []int           // by EndpointID: blocks cached, valid for overlapFor at overlapGen
 	overlapFor *Request
 	overlapGen uint64
 	baseBS     int    // PrefixOptions.BlockSize
@@ -138,16 +138,16 @@ func New(pol *Policy, opts Options) (*Core, error) {
 		return nil, fmt.Errorf("building scheduler: %w", err)
 	}
 	c := &Core{opts: opts, pol: pol, q: q, reg: newRegistry()}
-	if c.opts.Picker == nil {
+	if c.opts.Chooser == nil {
 		// Seeded, not the zero value's global generator: the core's
 		// decisions are a function of its inputs (doc.go).
-		c.opts.Picker = NewLeastLoaded(1)
+		c.opts.Chooser = NewLeastLoaded(1)
 	}
 	c.probe = prober{c}
 	c.meanPrompt = unseenRequestSeed
 	c.baseBS = DefaultBlockSize
 	if p := opts.Prefix; p != nil {
-		c.index = picker.NewIndex(p.Index)
+		c.index = affinity.NewIndex(p.Index)
 		if p.BlockSize > 0 {
 			c.baseBS = p.BlockSize
 		}
@@ -190,7 +190,7 @@ func (c *Core) Admit(now int64, r *Request) {
 		return
 	}
 	t := r.Ticket
-	c.pol.grant(t)
+	c.pol.entitle(t)
 	t.Class = c.pol.resolve(t)
 	if err := c.resolveAllow(r); err != nil {
 		c.reject(r, err, ReasonNoEndpoints)
@@ -214,7 +214,7 @@ func (c *Core) Admit(now int64, r *Request) {
 		StrictPriority: t.EffectiveStrict(),
 		Arrival:        now,
 		Payload:        r,
-	}, t.Grant.Tenant, len(c.reg.live), v == drr.Blocked)
+	}, t.Rights.Tenant, len(c.reg.live), v == drr.Blocked)
 	if err != nil {
 		reason := ReasonQueueLimit
 		var rej *drr.Rejection
@@ -294,8 +294,8 @@ func (c *Core) leave(r *Request, l Leave) {
 	}
 	l.Req = r
 	l.Class = c.ClassName(r.Ticket.Class)
-	l.Tenant = r.Ticket.Grant.Name
-	l.Weight = max(1, r.Ticket.Grant.Weight)
+	l.Tenant = r.Ticket.Rights.Name
+	l.Weight = max(1, r.Ticket.Rights.Weight)
 	l.Uncached = r.Ticket.Uncached()
 	c.out = append(c.out, l)
 }
@@ -313,11 +313,11 @@ func (c *Core) SetPolicy(p *Policy) error {
 	}
 	err := c.q.SetClassesTenants(p.Classes, func(it *drr.Item) (int, drr.Tenant) {
 		t := it.Payload.(*Request).Ticket
-		p.grant(t)
+		p.entitle(t)
 		t.Class = p.resolve(t)
-		// The new grant's caps order the request from now on.
+		// The new rights' caps order the request from now on.
 		it.Priority, it.StrictPriority = t.EffectivePriority(), t.EffectiveStrict()
-		return t.Class, t.Grant.Tenant
+		return t.Class, t.Rights.Tenant
 	})
 	if err != nil {
 		return fmt.Errorf("applying policy: %w", err)

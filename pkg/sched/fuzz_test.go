@@ -75,7 +75,7 @@ func TestFuzzCoreCanFail(t *testing.T) {
 // busiestFirst is a deliberately wrong picker: busy endpoints first.
 type busiestFirst struct{}
 
-func (busiestFirst) Pick(_ *Ticket, cands []Candidate, out []int) []int {
+func (busiestFirst) Choose(_ *Ticket, cands []Candidate, out []int) []int {
 	for i := range cands {
 		out = append(out, i)
 	}
@@ -119,8 +119,8 @@ func fuzzPolicies() []*Policy {
 	p1.Busy[1] = policy.BusyTest{Frac: 0.05, HasFrac: true, Ratio: 0.5}
 	p1.Classes[0].TenantFairness = true
 	p1.Classes[2].TenantFairness, p1.Classes[2].MaxTenants = true, 2
-	p1.Grant = func(t *Ticket) policy.TenantGrant {
-		g := policy.TenantGrant{Tenant: drr.Tenant{Name: t.Tenant, Weight: 1}}
+	p1.Rights = func(t *Ticket) policy.TenantRights {
+		g := policy.TenantRights{Tenant: drr.Tenant{Name: t.Tenant, Weight: 1}}
 		switch t.Tenant {
 		case "t1":
 			g.Weight = 3
@@ -161,7 +161,7 @@ type fuzzReq struct {
 
 // runCoreOps plays data as operations on a core and returns the first
 // broken invariant. A nil picker is LeastLoaded.
-func runCoreOps(data []byte, pk Picker) error {
+func runCoreOps(data []byte, pk Chooser) error {
 	pos := 0
 	next := func() byte {
 		if pos >= len(data) {
@@ -176,7 +176,7 @@ func runCoreOps(data []byte, pk Picker) error {
 	if pk == nil {
 		pk = LeastLoaded{}
 	}
-	opts := Options{Picker: pk, MaxFallbacks: 1, MaxEngineQueue: fuzzMaxEngineQueue}
+	opts := Options{Chooser: pk, MaxFallbacks: 1, MaxEngineQueue: fuzzMaxEngineQueue}
 	withPrefix := b0&0x80 != 0
 	if withPrefix {
 		opts.Prefix = &PrefixOptions{BlockSize: 4}

@@ -135,7 +135,7 @@ func (c *Core) grant(now int64, r *Request, queued bool) {
 		c.reject(r, c.noEndpoint(r), ReasonNoEndpoints)
 		return
 	}
-	c.order = c.opts.Picker.Pick(t, c.cands, c.order[:0])
+	c.order = c.opts.Chooser.Choose(t, c.cands, c.order[:0])
 	n := min(1+c.opts.MaxFallbacks, len(c.order))
 	e := c.reg.eps[c.cands[c.order[0]].ID]
 	g := &Grant{rel: c.opts.Releaser, ep: e, Engine: e.engine, prefill: t.Uncached()}

@@ -20,10 +20,10 @@ type Policy struct {
 	// be fast and must not block. An index out of range means class 0. It
 	// runs after Grant, so it may read t.Grant.
 	Resolve func(t *Ticket) int
-	// Grant, when set, resolves a ticket's tenant (SPEC §14): its queue
+	// Rights, when set, resolves a ticket's tenant (SPEC §14): its queue
 	// identity, weight and limits, its allowed classes and hint caps. Nil:
 	// no tenants, hints as sent. Same rules as Resolve.
-	Grant func(t *Ticket) policy.TenantGrant
+	Rights func(t *Ticket) policy.TenantRights
 	// Identity is where the policy says a request's tenant identity comes
 	// from; nil: the x-laneway-tenant header, trusted. The request path
 	// reads it to fill Ticket.Tenant.
@@ -36,8 +36,8 @@ func FromCompiled(c *policy.Compiled) *Policy {
 	return &Policy{
 		Classes:  c.Classes,
 		Busy:     c.Busy,
-		Resolve:  func(t *Ticket) int { return c.ResolveFor(t.Model, t.ClassHeader, t.Uncached(), &t.Grant) },
-		Grant:    func(t *Ticket) policy.TenantGrant { return c.Grant(t.Tenant) },
+		Resolve:  func(t *Ticket) int { return c.ResolveFor(t.Model, t.ClassHeader, t.Uncached(), &t.Rights) },
+		Rights:   func(t *Ticket) policy.TenantRights { return c.Rights(t.Tenant) },
 		Identity: c.Identity(),
 	}
 }
@@ -57,13 +57,13 @@ func (p *Policy) Validate() error {
 	return nil
 }
 
-// grant sets the ticket's tenant grant (the zero grant without tenants).
-func (p *Policy) grant(t *Ticket) {
-	if p.Grant == nil {
-		t.Grant = policy.TenantGrant{}
+// entitle sets the ticket's tenant rights (the zero rights without tenants).
+func (p *Policy) entitle(t *Ticket) {
+	if p.Rights == nil {
+		t.Rights = policy.TenantRights{}
 		return
 	}
-	t.Grant = p.Grant(t)
+	t.Rights = p.Rights(t)
 }
 
 // rejectionReason is the metrics reason of a queue-limit rejection:
@@ -123,9 +123,9 @@ type Ticket struct {
 	Tenant string
 	// Class is the resolved class index, set by the core.
 	Class int
-	// Grant is the tenant's grant under the policy in force, set by the
+	// Rights are the tenant's rights under the policy in force, set by the
 	// core before the class is resolved.
-	Grant policy.TenantGrant
+	Rights policy.TenantRights
 }
 
 // Uncached is the ticket's uncached prompt tokens (SPEC §1).
@@ -134,10 +134,10 @@ func (t *Ticket) Uncached() uint64 { return drr.Uncached(t.RawISL, t.Cached) }
 // EffectivePriority is the soft priority as its tenant may have it (the
 // hint clamped to the grant's cap): what orders the queue and what may be
 // forwarded to the engine.
-func (t *Ticket) EffectivePriority() int32 { return t.Grant.CapPriority(t.Priority) }
+func (t *Ticket) EffectivePriority() int32 { return t.Rights.CapPriority(t.Priority) }
 
 // EffectiveStrict is the strict tier as its tenant may have it.
-func (t *Ticket) EffectiveStrict() uint32 { return t.Grant.CapStrict(t.Strict) }
+func (t *Ticket) EffectiveStrict() uint32 { return t.Rights.CapStrict(t.Strict) }
 
 // Endpoint is one model-server endpoint (pod × target port) in a snapshot
 // handed to SetEndpoints.

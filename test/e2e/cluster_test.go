@@ -18,7 +18,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/laneway-dev/laneway/internal/modelsim"
+	"github.com/laneway-dev/laneway/internal/testbed/modelsim"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
 
@@ -52,7 +52,7 @@ type podSpec struct {
 }
 
 // simArgs are the model servers' flags: the SPEC §11 server (4 sequences,
-// 8192-token steps, no prefix caching), as internal/demo runs it.
+// 8192-token steps, no prefix caching), as internal/testbed/demo runs it.
 var simArgs = []string{
 	"--max-num-seqs=4", "--max-num-batched-tokens=8192", "--enable-prefix-caching=false",
 	"--prefill-tokens-per-sec=40000", "--time-per-output-token=10ms",

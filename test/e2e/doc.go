@@ -9,7 +9,7 @@
 //     real epp binary running outside the cluster with the chart's
 //     ServiceAccount token (so the chart's Role is what it gets), modelsim
 //     processes on 127.0.0.x standing in for the pool's pods, and the local
-//     ext_proc gateway (internal/gateway) in place of Envoy;
+//     ext_proc gateway (internal/testbed/gateway) in place of Envoy;
 //   - kind (`make test-e2e-kind`): a kind cluster, the epp and modelsim
 //     images built from build/*.Dockerfile and loaded into it, the chart
 //     installed with its Envoy data plane, and the scenarios sent through a

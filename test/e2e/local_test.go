@@ -25,8 +25,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/laneway-dev/laneway/internal/launch"
-	"github.com/laneway-dev/laneway/internal/testenv"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/testenv"
 )
 
 // Bounds of the local environment's waits: failure guards for events that
@@ -103,7 +103,7 @@ type localRelease struct {
 	r *release
 
 	mu   sync.Mutex
-	epp  *launch.Picker
+	epp  *launch.EPP
 	sims map[string]*launch.Sim
 }
 
@@ -177,7 +177,7 @@ func (c *localCluster) install(t *testing.T, spec installSpec) *release {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lr.epp = c.bins.RunPicker(t, launch.PickerOptions{
+	lr.epp = c.bins.RunEPP(t, launch.EPPOptions{
 		TLS:  secure,
 		Args: args,
 		Proc: launch.ProcOptions{
@@ -189,7 +189,7 @@ func (c *localCluster) install(t *testing.T, spec installSpec) *release {
 	})
 
 	// The local gateway in place of Envoy.
-	r.url = c.bins.RunGateway(t, launch.GatewayOptions{Picker: lr.epp, Timeout: 3 * time.Minute}).URL
+	r.url = c.bins.RunGateway(t, launch.GatewayOptions{EPP: lr.epp, Timeout: 3 * time.Minute}).URL
 
 	if err := waitPodsRouted(ctx, r, spec.pods); err != nil {
 		t.Fatalf("%v\npicker log:\n%s", err, lr.diagnostics())

@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
-	"github.com/laneway-dev/laneway/internal/launch"
-	"github.com/laneway-dev/laneway/internal/workload"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/workload"
 )
 
 // weightedValues is the SPEC §11 policy as chart values, with the given

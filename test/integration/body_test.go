@@ -15,8 +15,8 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
 
@@ -61,7 +61,7 @@ func largeBody(t *testing.T) []byte {
 func TestLargeBodyRoundTrip(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs)})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs)})
 	body := largeBody(t)
 	conn := p.Conn(t)
 
@@ -100,7 +100,7 @@ func TestLargeBodyRoundTrip(t *testing.T) {
 func TestStreamedChunkSizes(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs)})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs)})
 	body := largeBody(t)
 	ctx, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
 	defer cancel()

@@ -4,8 +4,8 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
 
@@ -38,7 +38,7 @@ func TestConformanceHooks(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			on := len(tc.args) > 0 && tc.args[0] == "--enable-conformance-hooks"
-			p := startEPP(t, launch.PickerOptions{Endpoints: pool, Args: tc.args})
+			p := startEPP(t, launch.EPPOptions{Endpoints: pool, Args: tc.args})
 			c := p.Client(t, extprocclient.Options{})
 			ex := mustStart(t, c, spec(tokens(16, 1), extproc.HeaderTestEndpointSelection, tc.pin))
 			if on && tc.route == "" {

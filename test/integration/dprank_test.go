@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // TestDPRankBounds: each port of a host is one data-parallel rank (the
@@ -15,7 +15,7 @@ import (
 func TestDPRankBounds(t *testing.T) {
 	launch.CheckGoroutines(t)
 	const r0, r1, r2 = "127.0.0.2:8000", "127.0.0.2:8001", "127.0.0.2:8002"
-	p := startEPP(t, launch.PickerOptions{Endpoints: []string{r0, r1, r2}})
+	p := startEPP(t, launch.EPPOptions{Endpoints: []string{r0, r1, r2}})
 	c := p.Client(t, extprocclient.Options{})
 	route := func(rank string) string {
 		ex := mustStart(t, c, spec(tokens(10, 1), "x-laneway-dp-rank", rank))

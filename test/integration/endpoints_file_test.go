@@ -4,8 +4,8 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // TestEndpointsFile: standalone, --endpoints-file names the endpoints (one
@@ -16,7 +16,7 @@ func TestEndpointsFile(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 2)
 	path := writePolicy(t, "# the pool\n"+bs[0].addr+"\n")
-	p := startEPP(t, launch.PickerOptions{Args: []string{"--endpoints-file=" + path, "--policy-poll-interval=20ms"}})
+	p := startEPP(t, launch.EPPOptions{Args: []string{"--endpoints-file=" + path, "--policy-poll-interval=20ms"}})
 	c := p.Client(t, extprocclient.Options{})
 	route := func() string {
 		t.Helper()

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // faultHeader is the request header a picker built with the lanewayfaults
@@ -40,7 +40,7 @@ func TestPanicContained(t *testing.T) {
 	ep := bs[0].addr
 
 	t.Run("production build ignores the header", func(t *testing.T) {
-		p := startEPP(t, launch.PickerOptions{Endpoints: []string{ep}})
+		p := startEPP(t, launch.EPPOptions{Endpoints: []string{ep}})
 		c := p.Client(t, extprocclient.Options{})
 		for _, point := range []string{"decide", "after_grant", "request_body"} {
 			ex := mustStart(t, c, spec(tokens(16, 1), faultHeader, point))
@@ -49,7 +49,7 @@ func TestPanicContained(t *testing.T) {
 		}
 	})
 
-	p := startEPPOf(t, buildFaultPicker(t), launch.PickerOptions{Endpoints: []string{ep}})
+	p := startEPPOf(t, buildFaultPicker(t), launch.EPPOptions{Endpoints: []string{ep}})
 	c := p.Client(t, extprocclient.Options{})
 	// A stream in flight through every fault, finished at the end.
 	bystander := mustStart(t, c, spec(tokens(16, 0)))

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // drainTimeout is the picker's --drain-timeout here: long enough for a
@@ -29,17 +29,17 @@ const drainTimeout = 5 * time.Second
 // are plain HTTP servers, not model servers: with scraping on they would
 // never have metrics and so stay busy, and record the scrapes as requests;
 // test/intel covers scraping against the simulator).
-func startEPP(t *testing.T, o launch.PickerOptions) *launch.Picker {
+func startEPP(t *testing.T, o launch.EPPOptions) *launch.EPP {
 	t.Helper()
 	return startEPPOf(t, bins, o)
 }
 
 // startEPPOf is startEPP with another build of the picker.
-func startEPPOf(t *testing.T, b launch.Binaries, o launch.PickerOptions) *launch.Picker {
+func startEPPOf(t *testing.T, b launch.Binaries, o launch.EPPOptions) *launch.EPP {
 	t.Helper()
 	o.Args = append([]string{"--drain-timeout=" + drainTimeout.String(), "--scrape-metrics=false"}, o.Args...)
 	o.Proc.StopGrace = drainTimeout + 5*time.Second
-	return b.RunPicker(t, o)
+	return b.RunEPP(t, o)
 }
 
 // writePolicy writes a policy file into the test's temp dir.

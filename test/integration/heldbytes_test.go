@@ -19,8 +19,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
 
@@ -156,7 +156,7 @@ func TestHeldBodyBudget(t *testing.T) {
 	bs := startBackends(t, 2)
 	a, b := bs[0].addr, bs[1].addr
 	env := append(os.Environ(), "GOMEMLIMIT="+strconv.Itoa(memLimit))
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, `
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Policy: writePolicy(t, `
 policy_classes:
   - {name: standard, queue_policy: fcfs, quantum: 1, prefill_busy_threshold: 100}
 `), Proc: launch.ProcOptions{Env: env}})

@@ -16,8 +16,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
 
@@ -27,7 +27,7 @@ import (
 func TestSIGTERMDrain(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
 	c := p.Client(t, extprocclient.Options{})
 
 	holder := mustStart(t, c, spec(tokens(500, 0)))
@@ -83,7 +83,7 @@ func TestSIGTERMDrain(t *testing.T) {
 func TestTLS(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), TLS: true})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), TLS: true})
 
 	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: launch.EventTimeout}, "tcp", p.GRPCAddr, &tls.Config{
 		InsecureSkipVerify: true, //nolint:gosec // the picker's certificate is self-signed
@@ -138,7 +138,7 @@ func TestTLS(t *testing.T) {
 // SERVING on the health port of a ready picker.
 func TestHealthServices(t *testing.T) {
 	launch.CheckGoroutines(t)
-	p := startEPP(t, launch.PickerOptions{})
+	p := startEPP(t, launch.EPPOptions{})
 	conn, err := grpc.NewClient(p.HealthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +167,7 @@ func TestShutdownDelay(t *testing.T) {
 	const delay = 4 * time.Second
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Args: []string{"--shutdown-delay=" + delay.String()}})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Args: []string{"--shutdown-delay=" + delay.String()}})
 	c := p.Client(t, extprocclient.Options{})
 	early := mustStart(t, c, spec(tokens(32, 1)))
 	mustRoute(t, early)

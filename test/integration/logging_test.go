@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // logLine is the part of a picker log line that log pipelines key on.
@@ -24,7 +24,7 @@ type logLine struct {
 func TestLogLevelNames(t *testing.T) {
 	bs := startBackends(t, 1)
 	policyPath := writePolicy(t, busyPolicy)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: policyPath, Args: []string{"-v=3"}})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Policy: policyPath, Args: []string{"-v=3"}})
 	// A rejected reload is an error line.
 	replaceFile(t, policyPath, "policy_classes: [{name: broken, quantum: 0}]\n")
 
@@ -60,8 +60,8 @@ func TestLogLevelNames(t *testing.T) {
 // 500 and logged at "level":"info" with "v":2.
 func TestGatewayLogLevelNames(t *testing.T) {
 	bs := startBackends(t, 1)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs)})
-	g := bins.RunGateway(t, launch.GatewayOptions{Picker: p, Args: []string{"-v=2"}})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs)})
+	g := bins.RunGateway(t, launch.GatewayOptions{EPP: p, Args: []string{"-v=2"}})
 	if err := p.Stop(launch.DefaultStopGrace); err != nil {
 		t.Fatal(err)
 	}

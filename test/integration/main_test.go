@@ -3,7 +3,7 @@ package integration
 import (
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // bins holds the endpoint picker (and the laneway CLI and the local

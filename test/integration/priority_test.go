@@ -4,8 +4,8 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 func i32(v int32) *int32   { return &v }
@@ -19,7 +19,7 @@ func u32(v uint32) *uint32 { return &v }
 func TestPriorityOrder(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
 	c := p.Client(t, extprocclient.Options{})
 
 	holder := mustStart(t, c, spec(tokens(500, 0)))

@@ -5,8 +5,8 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // reloadedPolicy tightens standard's limit to 4 and adds a batch class.
@@ -53,7 +53,7 @@ func TestPolicyReload(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
 	path := writePolicy(t, busyPolicy)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: path, Args: []string{"--policy-poll-interval=20ms"}})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Policy: path, Args: []string{"--policy-poll-interval=20ms"}})
 	c := p.Client(t, extprocclient.Options{})
 
 	holder := mustStart(t, c, spec(tokens(500, 0)))

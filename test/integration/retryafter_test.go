@@ -13,8 +13,8 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // retryAfter asserts a direct answer with status and reason and returns
@@ -41,7 +41,7 @@ func TestRetryAfter(t *testing.T) {
 	ctx := testCtx(t)
 
 	t.Run("flag default is 1s", func(t *testing.T) {
-		p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}})
+		p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}})
 		ex := mustStart(t, p.Client(t, extprocclient.Options{}), pinned(spec(tokens(8, 1)), "127.0.0.99:9"))
 		if got := retryAfter(t, ex, http.StatusServiceUnavailable, "no_endpoints"); got != 1 {
 			t.Errorf("retry-after %d, want 1", got)
@@ -49,7 +49,7 @@ func TestRetryAfter(t *testing.T) {
 	})
 
 	t.Run("no endpoint", func(t *testing.T) {
-		p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}, Args: []string{flag}})
+		p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Args: []string{flag}})
 		ex := mustStart(t, p.Client(t, extprocclient.Options{}), pinned(spec(tokens(8, 1)), "127.0.0.99:9"))
 		if got := retryAfter(t, ex, http.StatusServiceUnavailable, "no_endpoints"); got != dflt {
 			t.Errorf("retry-after %d, want the flag's %d", got, dflt)
@@ -57,7 +57,7 @@ func TestRetryAfter(t *testing.T) {
 	})
 
 	t.Run("held bytes", func(t *testing.T) {
-		p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"},
+		p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"},
 			Args: []string{flag, "--max-body-bytes=2000", "--max-held-body-bytes=2000"}})
 		// A slow client holds 1500 bytes of the budget with its headers.
 		tr := startTrickler(ctx, t, extprocv3.NewExternalProcessorClient(p.Conn(t)), paddedBody(1500), "127.0.0.2:8000")
@@ -70,7 +70,7 @@ func TestRetryAfter(t *testing.T) {
 	})
 
 	t.Run("queue limit, then the class's estimate", func(t *testing.T) {
-		p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, busyPolicy), Args: []string{flag}})
+		p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, busyPolicy), Args: []string{flag}})
 		c := p.Client(t, extprocclient.Options{})
 		holder := mustStart(t, c, spec(tokens(500, 0)))
 		mustRoute(t, holder)
@@ -115,7 +115,7 @@ func TestRetryAfter(t *testing.T) {
 	})
 
 	t.Run("tenant limits", func(t *testing.T) {
-		p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}, Args: []string{flag}, Policy: writePolicy(t, `
+		p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Args: []string{flag}, Policy: writePolicy(t, `
 tenants:
   - {name: small, match: {exact: [small]}, request_queue_limit: 1}
 policy_classes:
@@ -139,7 +139,7 @@ policy_classes:
 	})
 
 	t.Run("shed", func(t *testing.T) {
-		p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}, Args: []string{flag}, Policy: writePolicy(t, `
+		p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Args: []string{flag}, Policy: writePolicy(t, `
 policy_classes:
   - {name: standard, quantum: 1, prefill_busy_threshold: 100, max_queue_wait: 100ms}
 `)})
@@ -154,7 +154,7 @@ policy_classes:
 	})
 
 	t.Run("shutting down", func(t *testing.T) {
-		p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, busyPolicy), Args: []string{flag}})
+		p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, busyPolicy), Args: []string{flag}})
 		c := p.Client(t, extprocclient.Options{})
 		holder := mustStart(t, c, spec(tokens(500, 0)))
 		mustRoute(t, holder)
@@ -182,7 +182,7 @@ current-context: none
 `), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		p := startEPP(t, launch.PickerOptions{SkipReady: true, Args: []string{flag, "--pool-name=pool", "--pool-namespace=default", "--kubeconfig=" + kc}})
+		p := startEPP(t, launch.EPPOptions{SkipReady: true, Args: []string{flag, "--pool-name=pool", "--pool-namespace=default", "--kubeconfig=" + kc}})
 		ex := mustStart(t, p.Client(t, extprocclient.Options{}), spec(tokens(8, 1)))
 		if got := retryAfter(t, ex, http.StatusServiceUnavailable, "not_ready"); got != dflt {
 			t.Errorf("retry-after %d, want the flag's %d", got, dflt)

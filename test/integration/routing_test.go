@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // busyPolicy is one explicit fcfs class that queues once an endpoint has
@@ -30,7 +30,7 @@ policy_classes:
 func TestPickReadyEndpoint(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 2)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Args: []string{"--max-fallbacks=1"}})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Args: []string{"--max-fallbacks=1"}})
 	c := p.Client(t, extprocclient.Options{})
 
 	body := tokens(64, 1)
@@ -83,7 +83,7 @@ func TestPickReadyEndpoint(t *testing.T) {
 func TestNoEndpoint503(t *testing.T) {
 	launch.CheckGoroutines(t)
 	t.Run("pool without endpoints", func(t *testing.T) {
-		p := startEPP(t, launch.PickerOptions{})
+		p := startEPP(t, launch.EPPOptions{})
 		c := p.Client(t, extprocclient.Options{})
 		ir := immediate(t, mustStart(t, c, spec(tokens(10, 1))), http.StatusServiceUnavailable, "no_endpoints")
 		var body struct {
@@ -95,7 +95,7 @@ func TestNoEndpoint503(t *testing.T) {
 	})
 
 	bs := startBackends(t, 3)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Args: []string{"--max-fallbacks=2"}})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Args: []string{"--max-fallbacks=2"}})
 	c := p.Client(t, extprocclient.Options{})
 	a, b, cc := bs[0].addr, bs[1].addr, bs[2].addr
 
@@ -147,7 +147,7 @@ func TestPinnedLaneDoesNotBlockOthers(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 2)
 	a, b := bs[0].addr, bs[1].addr
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
 	c := p.Client(t, extprocclient.Options{})
 
 	big := mustStart(t, c, pinned(spec(tokens(500, 1)), a))
@@ -195,7 +195,7 @@ func TestPinnedLaneDoesNotBlockOthers(t *testing.T) {
 func TestQueueLimit429(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
 	c := p.Client(t, extprocclient.Options{})
 
 	big := mustStart(t, c, spec(tokens(500, 1)))
@@ -252,7 +252,7 @@ func TestQueuedReleasedAtFirstByte(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
 	a := bs[0].addr
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
 	c := p.Client(t, extprocclient.Options{})
 
 	big := mustStart(t, c, spec(tokens(500, 1)))
@@ -301,7 +301,7 @@ func TestCancelWhileQueued(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
 	a := bs[0].addr
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
 	c := p.Client(t, extprocclient.Options{})
 
 	big := mustStart(t, c, spec(tokens(500, 1)))
@@ -354,7 +354,7 @@ func TestResetAfterPickReleases(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
 	a := bs[0].addr
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), Policy: writePolicy(t, busyPolicy)})
 	c := p.Client(t, extprocclient.Options{})
 
 	big := mustStart(t, c, spec(tokens(500, 1)))
@@ -385,7 +385,7 @@ func TestResetAfterPickReleases(t *testing.T) {
 func TestMalformedBody400(t *testing.T) {
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 1)
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs)})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs)})
 	c := p.Client(t, extprocclient.Options{})
 	cases := []struct {
 		name string

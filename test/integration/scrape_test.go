@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // statusBytesPerEndpoint is about what one endpoint adds to the status
@@ -92,7 +92,7 @@ func TestMetricsScrapeBound(t *testing.T) {
 			chunk = chunk[:0]
 		}
 	}
-	p := startEPP(t, launch.PickerOptions{Args: args})
+	p := startEPP(t, launch.EPPOptions{Args: args})
 
 	var held []*slowScrape
 	for i := range bound {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // TestPprofBind: --pprof-port serves on the loopback address unless
@@ -31,7 +31,7 @@ func TestPprofBind(t *testing.T) {
 			if err != nil {
 				t.Skipf("loopback address %s not usable here: %v", bind, err)
 			}
-			p := startEPP(t, launch.PickerOptions{Bind: bind, Args: append([]string{"--pprof-port=" + strconv.Itoa(port)}, tc.args...)})
+			p := startEPP(t, launch.EPPOptions{Bind: bind, Args: append([]string{"--pprof-port=" + strconv.Itoa(port)}, tc.args...)})
 			if host, _, _ := net.SplitHostPort(p.MetricsAddr); host != bind {
 				t.Fatalf("metrics on %s, want --bind-address %s", p.MetricsAddr, bind)
 			}

@@ -10,9 +10,9 @@ import (
 
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
 	"github.com/laneway-dev/laneway/internal/status"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // trustPolicy binds the tenant vip to premium and every other identity to
@@ -74,7 +74,7 @@ func TestTenantCannotClaimPremium(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			launch.CheckGoroutines(t)
-			p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, trustPolicy(tc.identity))})
+			p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, trustPolicy(tc.identity))})
 			if !strings.Contains(p.Log.String(), "tenants: identity from") {
 				t.Errorf("startup log does not say where identity comes from:\n%s", p.Log.Tail(4096))
 			}
@@ -119,7 +119,7 @@ func TestTenantCannotClaimPremium(t *testing.T) {
 // answer 429 whose details name the tenant and the limit.
 func TestTenantLimits(t *testing.T) {
 	launch.CheckGoroutines(t)
-	p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, `
+	p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, `
 tenants:
   - {name: small, match: {exact: [small]}, request_queue_limit: 2}
 policy_classes:
@@ -171,7 +171,7 @@ policy_classes:
 // requests and tokens, and what each was served in the last minute.
 func TestLanewayStatus(t *testing.T) {
 	launch.CheckGoroutines(t)
-	p := startEPP(t, launch.PickerOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, `
+	p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: writePolicy(t, `
 policy_classes:
   - {name: shared, quantum: 100, prefill_busy_threshold: 100, tenant_fairness: true}
 `)})
@@ -223,7 +223,7 @@ policy_classes:
 	}
 }
 
-func lanewayStatus(t *testing.T, p *launch.Picker) status.Page {
+func lanewayStatus(t *testing.T, p *launch.EPP) status.Page {
 	t.Helper()
 	var page status.Page
 	out := runLaneway(t, "status", "--epp", p.MetricsAddr, "--output", "json")

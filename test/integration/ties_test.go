@@ -3,8 +3,8 @@ package integration
 import (
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // TestLeastLoadedBreaksTiesAtRandom: with --picker least-loaded, equally
@@ -13,7 +13,7 @@ import (
 func TestLeastLoadedBreaksTiesAtRandom(t *testing.T) {
 	launch.CheckGoroutines(t)
 	eps := []string{"127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000", "127.0.0.5:8000"}
-	p := startEPP(t, launch.PickerOptions{Endpoints: eps, Args: []string{"--picker=least-loaded"}})
+	p := startEPP(t, launch.EPPOptions{Endpoints: eps, Args: []string{"--picker=least-loaded"}})
 	c := p.Client(t, extprocclient.Options{})
 	const n = 400
 	count := map[string]int{}

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/internal/tlsutil"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
@@ -176,7 +176,7 @@ func TestMutualTLS(t *testing.T) {
 	bs := startBackends(t, 1)
 	trusted, other := newCA(t, "gateways"), newCA(t, "someone else")
 	bundle := newSecretDir(t, map[string][]byte{tlsutil.CAFile: trusted.PEM()})
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), TLS: true, Args: []string{"--client-ca=" + bundle.path(tlsutil.CAFile)}})
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), TLS: true, Args: []string{"--client-ca=" + bundle.path(tlsutil.CAFile)}})
 
 	tests := []struct {
 		name   string
@@ -214,7 +214,7 @@ func TestTLSReload(t *testing.T) {
 	first, second := issueServer(t, serving, "epp-1"), issueServer(t, serving, "epp-2")
 	pair := newSecretDir(t, pairFiles(t, first))
 	bundle := newSecretDir(t, map[string][]byte{tlsutil.CAFile: oldGW.PEM()})
-	p := startEPP(t, launch.PickerOptions{Endpoints: addrs(bs), TLS: true, Args: []string{
+	p := startEPP(t, launch.EPPOptions{Endpoints: addrs(bs), TLS: true, Args: []string{
 		"--cert-path=" + pair.dir, "--client-ca=" + bundle.path(tlsutil.CAFile),
 	}})
 	oldCert, newCert := issueClient(t, oldGW, "envoy-old"), issueClient(t, newGW, "envoy-new")

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
-	"github.com/laneway-dev/laneway/internal/workload"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/workload"
 )
 
 const (
@@ -105,7 +105,7 @@ func analyse(order []string) shareStats {
 func runWeightedShare(t *testing.T, premiumQ, regularQ int) []string {
 	t.Helper()
 	bs := startBackends(t, 1)
-	p := startEPP(t, launch.PickerOptions{
+	p := startEPP(t, launch.EPPOptions{
 		Endpoints: addrs(bs),
 		Policy:    writePolicy(t, workload.PolicyYAML(uint64(premiumQ), uint64(regularQ))),
 		Args:      []string{"--max-num-batched-tokens=8192"},

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/laneway-dev/laneway/internal/gateway"
-	"github.com/laneway-dev/laneway/internal/launch"
-	"github.com/laneway-dev/laneway/internal/modelsim"
+	"github.com/laneway-dev/laneway/internal/testbed/gateway"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/modelsim"
 )
 
 // httpClient bounds a request of the tests: a completion may wait in the
@@ -44,16 +44,16 @@ func records(t *testing.T, s *launch.Sim) []modelsim.Record {
 }
 
 // startEPP runs the picker for the test, plaintext, with a short drain.
-func startEPP(t *testing.T, endpoints []string, args ...string) *launch.Picker {
+func startEPP(t *testing.T, endpoints []string, args ...string) *launch.EPP {
 	t.Helper()
-	return bins.RunPicker(t, launch.PickerOptions{Endpoints: endpoints, Args: append([]string{"--drain-timeout=5s"}, args...)})
+	return bins.RunEPP(t, launch.EPPOptions{Endpoints: endpoints, Args: append([]string{"--drain-timeout=5s"}, args...)})
 }
 
 // startGateway runs the local gateway in front of the picker and returns
 // its base URL.
-func startGateway(t *testing.T, p *launch.Picker) string {
+func startGateway(t *testing.T, p *launch.EPP) string {
 	t.Helper()
-	return bins.RunGateway(t, launch.GatewayOptions{Picker: p, Timeout: 2 * time.Minute}).URL
+	return bins.RunGateway(t, launch.GatewayOptions{EPP: p, Timeout: 2 * time.Minute}).URL
 }
 
 // hints is nvext.agent_hints.

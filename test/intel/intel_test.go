@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/laneway-dev/laneway/internal/launch"
-	"github.com/laneway-dev/laneway/internal/modelsim"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/modelsim"
 )
 
 // tokens returns n token ids unique to seed (ids stay below 50,000, like a

@@ -3,7 +3,7 @@ package intel
 import (
 	"testing"
 
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // bins holds the picker, the simulator and the gateway, built once by

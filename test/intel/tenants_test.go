@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/laneway-dev/laneway/internal/launch"
-	"github.com/laneway-dev/laneway/internal/workload"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/workload"
 )
 
 // fairPolicy is one tenant-fair class in front of one model server with 4
@@ -48,7 +48,7 @@ func runTenants(t *testing.T, ip, policyFile string, mix []workload.Group) []wor
 	t.Helper()
 	sim := startSim(t, ip, "--max-num-seqs=4", "--max-num-batched-tokens=8192", "--enable-prefix-caching=false",
 		"--prefill-tokens-per-sec=40000", "--time-per-output-token=10ms")
-	p := bins.RunPicker(t, launch.PickerOptions{Endpoints: []string{sim.Addr}, Policy: policyFile,
+	p := bins.RunEPP(t, launch.EPPOptions{Endpoints: []string{sim.Addr}, Policy: policyFile,
 		Args: []string{"--drain-timeout=5s", "--max-num-batched-tokens=8192"}})
 	base := startGateway(t, p)
 	simPost(t, sim, "/debug/hold")

@@ -5,7 +5,7 @@
 // the committed config/rbac manifests, so a permission missing there fails
 // a test. The tests create pods with their status (127.0.0.x addresses
 // where real HTTP servers listen), InferencePools and policy objects, play
-// Envoy's side of ext_proc with internal/extprocclient, and measure how fast
+// Envoy's side of ext_proc with internal/testbed/extprocclient, and measure how fast
 // the picker follows: endpoint changes, a pinned request on a deleted pod,
 // policy swaps under a full queue, and leader failover.
 //

@@ -14,8 +14,8 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
 	"github.com/laneway-dev/laneway/internal/controller"
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // followLimit is the brief's bound for the picker to follow a pod change

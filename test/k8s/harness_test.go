@@ -29,9 +29,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
-	"github.com/laneway-dev/laneway/internal/testenv"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/testenv"
 )
 
 // stopGrace is how long a picker may drain after SIGTERM (its
@@ -275,7 +275,7 @@ func ctx(t *testing.T) context.Context {
 // eppProc is a running picker process with the connections the tests
 // use.
 type eppProc struct {
-	*launch.Picker
+	*launch.EPP
 	t          *testing.T
 	healthConn *grpc.ClientConn
 	client     *extprocclient.Client
@@ -290,7 +290,7 @@ func (e *env) startEPP(name, pool string, args ...string) *eppProc {
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		return strings.HasPrefix(kv, "KUBECONFIG=") || strings.HasPrefix(kv, "POD_NAMESPACE=") || strings.HasPrefix(kv, "KUBERNETES_SERVICE_")
 	})
-	p := bins.RunPicker(e.t, launch.PickerOptions{
+	p := bins.RunEPP(e.t, launch.EPPOptions{
 		SkipReady: true,
 		Args: append([]string{
 			"--pool-name=" + pool,
@@ -304,7 +304,7 @@ func (e *env) startEPP(name, pool string, args ...string) *eppProc {
 		}, args...),
 		Proc: launch.ProcOptions{Name: name, Env: env, StopGrace: stopGrace},
 	})
-	return &eppProc{Picker: p, t: e.t, healthConn: p.HealthConn(e.t), client: p.Client(e.t, extprocclient.Options{})}
+	return &eppProc{EPP: p, t: e.t, healthConn: p.HealthConn(e.t), client: p.Client(e.t, extprocclient.Options{})}
 }
 
 // watchReadiness streams the readiness health status into the returned

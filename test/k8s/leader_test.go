@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/internal/epp"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // Leader-election timing of the failover test: shorter than the defaults

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // TestPinnedRequestOnDeletedPod: a request pinned (one-entry subset hint)

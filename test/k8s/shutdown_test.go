@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/internal/epp"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // TestSIGTERMDrainHandsOver: a leader SIGTERMed with one dispatched stream

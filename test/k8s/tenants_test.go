@@ -11,8 +11,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
-	"github.com/laneway-dev/laneway/internal/extprocclient"
-	"github.com/laneway-dev/laneway/internal/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
 // identityHeader is the header the test's "gateway" sets after
@@ -49,9 +49,9 @@ func TestTenantsFromProfile(t *testing.T) {
 	prof.Spec.Tenants = []v1alpha1.TenantBinding{{
 		Name:         "acme",
 		Match:        v1alpha1.TenantMatch{Exact: []string{"acme"}},
-		TenantGrants: v1alpha1.TenantGrants{Allowed: []string{"silver"}, DefaultFamily: "silver"},
+		TenantRights: v1alpha1.TenantRights{Allowed: []string{"silver"}, DefaultFamily: "silver"},
 	}}
-	prof.Spec.DefaultTenant = &v1alpha1.TenantGrants{Allowed: []string{"gold"}, DefaultFamily: "gold"}
+	prof.Spec.DefaultTenant = &v1alpha1.TenantRights{Allowed: []string{"gold"}, DefaultFamily: "gold"}
 	e.create(prof)
 
 	p := e.startEPP("epp", "pool")

@@ -1,0 +1,16 @@
+// Package gateway is a small HTTP reverse proxy that consults an endpoint
+// picker over ext_proc the way Envoy does, so Laneway can run on one machine
+// without Envoy (demos, end-to-end tests, development).
+//
+// Per HTTP request it opens one ext_proc stream (FULL_DUPLEX_STREAMED, via
+// internal/testbed/extprocclient), applies an ImmediateResponse as the client's
+// answer, or forwards the (possibly replaced) body to the endpoint in
+// x-gateway-destination-endpoint, falling back down that list when a
+// connection cannot be made, and streams the response back through the
+// picker chunk by chunk with a flush after each, so server-sent events reach
+// the client as they are produced. The response names the serving endpoint
+// in x-laneway-endpoint.
+//
+// It is a stand-in, not a production data plane: production uses Envoy or
+// another ext_proc gateway (see cmd/gateway/README.md).
+package gateway

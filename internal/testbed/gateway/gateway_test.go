@@ -1,0 +1,438 @@
+package gateway_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/laneway-dev/laneway/internal/testbed/gateway"
+	"github.com/laneway-dev/laneway/internal/tlsutil"
+	"github.com/laneway-dev/laneway/pkg/extproc"
+)
+
+type deciderFunc func(ctx context.Context, req *extproc.Request) (extproc.Decision, error)
+
+func (f deciderFunc) Decide(ctx context.Context, req *extproc.Request) (extproc.Decision, error) {
+	return f(ctx, req)
+}
+
+// startEPP serves a real ext_proc server on loopback, over TLS with a
+// self-signed certificate when useTLS, and returns its address.
+func startEPP(t *testing.T, d extproc.Decider, useTLS bool) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	var opts []grpc.ServerOption
+	if useTLS {
+		cert, err := tlsutil.SelfSigned()
+		if err != nil {
+			t.Fatalf("SelfSigned: %v", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsutil.ServerConfig(tlsutil.Static(cert)))))
+	}
+	gs := grpc.NewServer(opts...)
+	extproc.NewServer(d, extproc.Options{}).Register(gs)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = gs.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		gs.Stop()
+		<-done
+	})
+	return lis.Addr().String()
+}
+
+// startBackend serves h on ip (a 127.0.0.x address) and returns "ip:port".
+func startBackend(t *testing.T, ip string, h http.Handler) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatalf("listen on %s: %v", ip, err)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.Listener.Close()
+	srv.Listener = lis
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return lis.Addr().String()
+}
+
+// startGateway runs a Gateway in front of the picker at eppAddr and returns
+// its base URL.
+func startGateway(t *testing.T, eppAddr string, useTLS bool, opts gateway.Options) string {
+	t.Helper()
+	conn, err := gateway.Dial(eppAddr, gateway.DialOptions{TLS: useTLS, InsecureSkipVerify: useTLS})
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	g := gateway.New(conn, opts)
+	srv := httptest.NewServer(g)
+	t.Cleanup(func() {
+		srv.Close()
+		g.Close()
+		conn.Close()
+	})
+	return srv.URL
+}
+
+// deadAddr returns a loopback address on ip that refuses connections.
+func deadAddr(t *testing.T, ip string) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatalf("listen on %s: %v", ip, err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	return addr
+}
+
+// seen is what a backend reports about the request it received.
+type seen struct {
+	Backend       string `json:"backend"`
+	Method        string `json:"method"`
+	Path          string `json:"path"`
+	Body          string `json:"body"`
+	ContentLength int64  `json:"content_length"`
+	Destination   string `json:"destination"`
+	User          string `json:"user"`
+}
+
+func reporter(name string, hits *atomic.Int32) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits != nil {
+			hits.Add(1)
+		}
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(seen{
+			Backend: name, Method: r.Method, Path: r.URL.RequestURI(), Body: string(b), ContentLength: r.ContentLength,
+			Destination: r.Header.Get(extproc.HeaderDestinationEndpoint), User: r.Header.Get("X-User"),
+		})
+	})
+}
+
+func TestRoutesToPick(t *testing.T) {
+	a := startBackend(t, "127.0.0.2", reporter("a", nil))
+	b := startBackend(t, "127.0.0.3", reporter("b", nil))
+	tests := []struct {
+		name     string
+		method   string
+		body     string
+		replace  string
+		wantBody string
+	}{
+		{name: "post", method: "POST", body: `{"prompt":"hi"}`, wantBody: `{"prompt":"hi"}`},
+		{name: "replaced body", method: "POST", body: `{"priority":2}`, replace: `{"priority":-2,"extra":true}`, wantBody: `{"priority":-2,"extra":true}`},
+		{name: "get", method: "GET"},
+	}
+	for _, useTLS := range []bool{false, true} {
+		d := deciderFunc(func(_ context.Context, req *extproc.Request) (extproc.Decision, error) {
+			dec := extproc.Decision{Endpoints: []string{b, a}}
+			if r := req.Headers["x-replace"]; r != "" {
+				dec.Body = []byte(r)
+			}
+			return dec, nil
+		})
+		url := startGateway(t, startEPP(t, d, useTLS), useTLS, gateway.Options{})
+		for _, tc := range tests {
+			name := tc.name
+			if useTLS {
+				name += " over TLS"
+			}
+			t.Run(name, func(t *testing.T) {
+				req, err := http.NewRequest(tc.method, url+"/v1/completions?x=1", strings.NewReader(tc.body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("X-User", "u7")
+				if tc.replace != "" {
+					req.Header.Set("X-Replace", tc.replace)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatalf("request: %v", err)
+				}
+				defer resp.Body.Close()
+				var got seen
+				if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+					t.Fatalf("decode backend report (status %d): %v", resp.StatusCode, err)
+				}
+				want := seen{Backend: "b", Method: tc.method, Path: "/v1/completions?x=1", Body: tc.wantBody,
+					ContentLength: int64(len(tc.wantBody)), Destination: b + "," + a, User: "u7"}
+				if got != want {
+					t.Errorf("backend saw %+v\nwant %+v", got, want)
+				}
+				if resp.StatusCode != 200 || resp.Header.Get(gateway.HeaderServedBy) != b {
+					t.Errorf("status %d served by %q, want 200 from %s", resp.StatusCode, resp.Header.Get(gateway.HeaderServedBy), b)
+				}
+			})
+		}
+	}
+}
+
+func TestImmediateResponses(t *testing.T) {
+	tests := []struct {
+		name       string
+		reply      *extproc.Reply
+		wantStatus int
+		wantBody   string
+	}{
+		{name: "429 queue limit", reply: &extproc.Reply{Status: 429, Reason: "queue_limit",
+			Body: []byte(`{"error":"queue full","details":{"policy_class":"premium","limit_kind":"requests","current":4,"limit":4}}`)},
+			wantStatus: 429, wantBody: `{"error":"queue full","details":{"policy_class":"premium","limit_kind":"requests","current":4,"limit":4}}`},
+		{name: "503 no endpoints", reply: &extproc.Reply{Status: 503, Reason: "no_endpoints", Message: "no ready endpoint"},
+			wantStatus: 503, wantBody: `{"error":"no ready endpoint"}`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var hits atomic.Int32
+			backend := startBackend(t, "127.0.0.2", reporter("a", &hits))
+			d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
+				if tc.reply == nil {
+					return extproc.Decision{Endpoints: []string{backend}}, nil
+				}
+				return extproc.Decision{}, tc.reply
+			})
+			url := startGateway(t, startEPP(t, d, false), false, gateway.Options{})
+			resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{}`))
+			if err != nil {
+				t.Fatalf("request: %v", err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.wantStatus || string(body) != tc.wantBody {
+				t.Errorf("got %d %s, want %d %s", resp.StatusCode, body, tc.wantStatus, tc.wantBody)
+			}
+			if resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get(extproc.HeaderReason) != tc.reply.Reason {
+				t.Errorf("headers %v", resp.Header)
+			}
+			if n := hits.Load(); n != 0 {
+				t.Errorf("backend hit %d times for an immediate response", n)
+			}
+		})
+	}
+}
+
+// events records a request's lifecycle.
+type events struct {
+	mu   sync.Mutex
+	list []string
+	done chan struct{}
+}
+
+func (e *events) FirstByte() { e.mu.Lock(); e.list = append(e.list, "first_byte"); e.mu.Unlock() }
+func (e *events) Done() {
+	e.mu.Lock()
+	e.list = append(e.list, "done")
+	e.mu.Unlock()
+	close(e.done)
+}
+
+// TestStreamingResponse: the backend cannot produce its last event until the
+// client has received the first, so the test only passes if every hop
+// (backend -> gateway -> picker echo -> gateway -> client) forwards chunk by
+// chunk without buffering.
+func TestStreamingResponse(t *testing.T) {
+	clientSawFirst := make(chan struct{})
+	backend := startBackend(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-clientSawFirst:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, "data: last\n\ndata: [DONE]\n\n")
+	}))
+	lc := &events{done: make(chan struct{})}
+	d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
+		return extproc.Decision{Endpoints: []string{backend}, Lifecycle: lc}, nil
+	})
+	url := startGateway(t, startEPP(t, d, false), false, gateway.Options{})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", strings.NewReader(`{"stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get("Content-Type") != "text/event-stream" || resp.Header.Get(gateway.HeaderServedBy) != backend {
+		t.Errorf("headers %v", resp.Header)
+	}
+	br := bufio.NewReader(resp.Body)
+	var events []string
+	for {
+		line, err := br.ReadString('\n')
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("read stream (a buffering hop deadlocks here until the timeout): %v", err)
+		}
+		if strings.HasPrefix(line, "data: ") {
+			events = append(events, strings.TrimSpace(strings.TrimPrefix(line, "data: ")))
+			if len(events) == 1 {
+				close(clientSawFirst)
+			}
+		}
+	}
+	if want := []string{"first", "last", "[DONE]"}; !slices.Equal(events, want) {
+		t.Errorf("events %v, want %v", events, want)
+	}
+	select {
+	case <-lc.done:
+	case <-ctx.Done():
+		t.Fatal("Lifecycle.Done not called")
+	}
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if want := []string{"first_byte", "done"}; !slices.Equal(lc.list, want) {
+		t.Errorf("lifecycle %v, want %v", lc.list, want)
+	}
+}
+
+func TestFallbackOnConnectFailure(t *testing.T) {
+	live := startBackend(t, "127.0.0.3", reporter("live", nil))
+	dead1, dead2 := deadAddr(t, "127.0.0.2"), deadAddr(t, "127.0.0.4")
+	tests := []struct {
+		name       string
+		endpoints  []string
+		wantStatus int
+		wantServed string
+	}{
+		{name: "second endpoint serves", endpoints: []string{dead1, live}, wantStatus: 200, wantServed: live},
+		{name: "third endpoint serves", endpoints: []string{dead1, dead2, live}, wantStatus: 200, wantServed: live},
+		{name: "all unreachable", endpoints: []string{dead1, dead2}, wantStatus: 503},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
+				return extproc.Decision{Endpoints: tc.endpoints}, nil
+			})
+			url := startGateway(t, startEPP(t, d, false), false, gateway.Options{})
+			resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"p":1}`))
+			if err != nil {
+				t.Fatalf("request: %v", err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.wantStatus || resp.Header.Get(gateway.HeaderServedBy) != tc.wantServed {
+				t.Errorf("got %d served by %q (%s), want %d from %q", resp.StatusCode, resp.Header.Get(gateway.HeaderServedBy), body, tc.wantStatus, tc.wantServed)
+			}
+			if tc.wantStatus == 200 && !strings.Contains(string(body), `"body":"{\"p\":1}"`) {
+				t.Errorf("fallback endpoint did not get the body: %s", body)
+			}
+		})
+	}
+}
+
+// TestClientGoneWhileQueued: a client that hangs up while its request waits
+// in the picker cancels the ext_proc stream, which ends the Decider's wait.
+func TestClientGoneWhileQueued(t *testing.T) {
+	entered := make(chan struct{})
+	ended := make(chan error, 1)
+	d := deciderFunc(func(ctx context.Context, _ *extproc.Request) (extproc.Decision, error) {
+		close(entered)
+		<-ctx.Done()
+		ended <- ctx.Err()
+		return extproc.Decision{}, ctx.Err()
+	})
+	url := startGateway(t, startEPP(t, d, false), false, gateway.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "POST", url+"/", strings.NewReader("{}"))
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-entered
+	cancel()
+	if err := <-ended; !errors.Is(err, context.Canceled) {
+		t.Errorf("decider ctx ended with %v, want context.Canceled", err)
+	}
+	if err := <-errc; err == nil {
+		t.Error("client request succeeded after cancel")
+	}
+}
+
+func TestTimeoutAndPickerDown(t *testing.T) {
+	blocking := deciderFunc(func(ctx context.Context, _ *extproc.Request) (extproc.Decision, error) {
+		<-ctx.Done()
+		return extproc.Decision{}, ctx.Err()
+	})
+	tests := []struct {
+		name       string
+		epp        func(t *testing.T) string
+		opts       gateway.Options
+		wantStatus int
+		wantReason string
+	}{
+		{name: "queued past the timeout", epp: func(t *testing.T) string { return startEPP(t, blocking, false) },
+			opts: gateway.Options{Timeout: 50 * time.Millisecond}, wantStatus: 504, wantReason: "timeout"},
+		{name: "picker unreachable", epp: func(t *testing.T) string { return deadAddr(t, "127.0.0.1") },
+			wantStatus: 500, wantReason: "ext_proc_error"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			url := startGateway(t, tc.epp(t), false, tc.opts)
+			resp, err := http.Post(url+"/", "application/json", strings.NewReader("{}"))
+			if err != nil {
+				t.Fatalf("request: %v", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.wantStatus || resp.Header.Get(extproc.HeaderReason) != tc.wantReason {
+				t.Errorf("got %d %q, want %d %q", resp.StatusCode, resp.Header.Get(extproc.HeaderReason), tc.wantStatus, tc.wantReason)
+			}
+		})
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name    string
+		mod     func(c *gateway.Config)
+		wantErr string
+	}{
+		{name: "defaults", mod: func(*gateway.Config) {}},
+		{name: "bad listen", mod: func(c *gateway.Config) { c.Listen = "8080" }, wantErr: "--listen"},
+		{name: "bad epp", mod: func(c *gateway.Config) { c.EPP = "epp" }, wantErr: "--epp"},
+		{name: "negative timeout", mod: func(c *gateway.Config) { c.Gateway.Timeout = -1 }, wantErr: "--timeout"},
+		{name: "zero body limit", mod: func(c *gateway.Config) { c.Gateway.MaxBodyBytes = 0 }, wantErr: "--max-body-bytes"},
+		{name: "skip verify without TLS", mod: func(c *gateway.Config) { c.Dial.TLS = false; c.Dial.InsecureSkipVerify = true }, wantErr: "--epp-tls"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := gateway.NewConfig()
+			tc.mod(c)
+			err := c.Validate()
+			if (tc.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Errorf("Validate() = %v, want error containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
