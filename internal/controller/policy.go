@@ -94,10 +94,10 @@ type policyReconciler struct {
 	publish func(Verdict)
 	log     logr.Logger
 	synced  func()
-	// onApplied is called after every valid set handed over; accepted,
-	// when set, after every resync with the verdict.
-	onApplied func()
-	accepted  func(bool)
+	// accepted is called after every resync with its verdict: true when
+	// the objects were valid and their set is in force, false when they
+	// were rejected.
+	accepted func(ok bool)
 
 	// Owned by the reconcile goroutine.
 	applied *policy.Config // nil until a set of objects was applied
@@ -122,7 +122,6 @@ func (r *policyReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (
 			return reconcile.Result{}, err
 		}
 		r.invalid = ""
-		r.onApplied()
 	} else if msg := check.Problems.Error(); msg != r.invalid {
 		r.invalid = msg
 		if r.applied == nil {
@@ -138,9 +137,7 @@ func (r *policyReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (
 				"pool", r.pool.Name, "problems", len(check.Problems), "error", msg)
 		}
 	}
-	if r.accepted != nil {
-		r.accepted(check.Config != nil)
-	}
+	r.accepted(check.Config != nil)
 
 	// Conditions go out only now: Accepted=True means "in force".
 	v := Verdict{Conditions: make(map[policy.ObjectRef]metav1.Condition, len(profiles)+len(classes)), Tenants: summarizeTenants(r.applied)}

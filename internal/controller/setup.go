@@ -148,14 +148,20 @@ func Setup(mgr manager.Manager, cfg Config) (*Controllers, error) {
 	c.status = sw
 	var applied sync.Once
 	pr := &policyReconciler{
-		reader:    mgr.GetClient(),
-		pool:      cfg.Pool,
-		sink:      cfg.Dispatcher,
-		publish:   sw.Publish,
-		log:       log.WithName("policy"),
-		synced:    once(),
-		onApplied: func() { applied.Do(func() { close(c.applied) }) },
-		accepted:  cfg.PolicyAccepted,
+		reader:  mgr.GetClient(),
+		pool:    cfg.Pool,
+		sink:    cfg.Dispatcher,
+		publish: sw.Publish,
+		log:     log.WithName("policy"),
+		synced:  once(),
+		accepted: func(ok bool) {
+			if ok {
+				applied.Do(func() { close(c.applied) })
+			}
+			if cfg.PolicyAccepted != nil {
+				cfg.PolicyAccepted(ok)
+			}
+		},
 	}
 	// Status writes do not change metadata.generation, so the writer's own
 	// updates do not come back as resyncs.

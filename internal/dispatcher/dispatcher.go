@@ -14,12 +14,11 @@ import (
 // Create it with New, start Run, then call Acquire from any number of
 // request goroutines.
 type Dispatcher struct {
-	cmds    chan command
-	done    chan struct{} // closed when Run returns
-	start   time.Time
-	obs     Observer
-	onEps   func([]sched.Endpoint)
-	onLeave func(*sched.Leave)
+	cmds  chan command
+	done  chan struct{} // closed when Run returns
+	start time.Time
+	obs   []Observer
+	onEps func([]sched.Endpoint)
 
 	// Response-path events (Grant.FirstByte, Grant.Done) go to a mailbox,
 	// not the command channel: the loop applies them before every command,
@@ -76,10 +75,7 @@ var waiters = sync.Pool{New: func() any { return &waiter{reply: make(chan result
 // New returns a dispatcher scheduling with pol.
 func New(pol *sched.Policy, opts Options) (*Dispatcher, error) {
 	d := &Dispatcher{cmds: make(chan command, 1024), done: make(chan struct{}), relWake: make(chan struct{}, 1),
-		start: time.Now(), obs: opts.Observer, onEps: opts.OnEndpoints, onLeave: opts.OnLeave}
-	if d.obs == nil {
-		d.obs = nopObserver{}
-	}
+		start: time.Now(), obs: opts.Observers, onEps: opts.OnEndpoints}
 	co := opts.Options
 	co.Releaser = mailbox{d}
 	core, err := sched.New(pol, co)
@@ -158,13 +154,8 @@ func (d *Dispatcher) flush() {
 	leaves := d.core.Drain(d.now())
 	for i := range leaves {
 		l := &leaves[i]
-		if l.Grant != nil {
-			d.obs.Dispatched(l.Class, l.Queued, l.Wait)
-		} else {
-			d.obs.Rejected(l.Class, l.Reason)
-		}
-		if d.onLeave != nil {
-			d.onLeave(l)
+		for _, o := range d.obs {
+			o.Decided(l)
 		}
 		l.Req.Owner.(*waiter).reply <- result{l.Grant, l.Err} // buffered: the loop's last use of it
 	}

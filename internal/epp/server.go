@@ -102,7 +102,7 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = metrics.New(s.reg, "")
 	s.status = status.NewTracker()
-	dopts := dispatcher.Options{Observer: s.metrics, OnLeave: s.status.Record}
+	dopts := dispatcher.Options{Observers: []dispatcher.Observer{s.metrics, s.status}}
 	dopts.MaxFallbacks = opts.MaxFallbacks
 	s.intel = newIntel(opts, log)
 	s.intel.configure(&dopts)

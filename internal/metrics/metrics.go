@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"sync"
-	"time"
 
 	"github.com/laneway-dev/laneway/pkg/sched"
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,8 +16,8 @@ type Snapshotter interface {
 	Snapshot() (sched.Snapshot, bool)
 }
 
-// Metrics holds every series the picker exposes. It implements
-// dispatcher.Observer and the stream observer of pkg/extproc.
+// Metrics holds every series the picker exposes. It is a dispatcher
+// Observer and the stream observer of pkg/extproc.
 type Metrics struct {
 	model string
 
@@ -79,21 +78,22 @@ func (m *Metrics) SetSource(s Snapshotter) {
 	m.mu.Unlock()
 }
 
-// Dispatched implements dispatcher.Observer.
-func (m *Metrics) Dispatched(class string, queued bool, wait time.Duration) {
-	if !queued {
-		m.direct.Get(class).Inc()
-		return
-	}
-	m.queued.Get(class).Inc()
-	m.waits.Get(class).Observe(wait.Seconds())
-}
-
-// Rejected implements dispatcher.Observer.
-func (m *Metrics) Rejected(class, reason string) {
-	m.rejections.WithLabelValues(class, reason).Inc()
-	if reason != "cancelled" {
-		m.backpressure.WithLabelValues(m.model, WorkerType, class, reason).Inc()
+// Decided counts one decision of the scheduling core (a dispatcher
+// Observer): a dispatch by class and whether it waited, with its wait, or
+// a rejection by class and reason (every reason but cancelled is the
+// reference router's backpressure too).
+func (m *Metrics) Decided(l *sched.Leave) {
+	switch {
+	case l.Grant == nil:
+		m.rejections.WithLabelValues(l.Class, l.Reason).Inc()
+		if l.Reason != sched.ReasonCancelled {
+			m.backpressure.WithLabelValues(m.model, WorkerType, l.Class, l.Reason).Inc()
+		}
+	case !l.Queued:
+		m.direct.Get(l.Class).Inc()
+	default:
+		m.queued.Get(l.Class).Inc()
+		m.waits.Get(l.Class).Observe(l.Wait.Seconds())
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // TestPerRequestSeries: the per-request updates land on the series the
@@ -14,14 +16,15 @@ import (
 func TestPerRequestSeries(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg, "llama")
-	m.Dispatched("premium", false, 0)
-	m.Dispatched("premium", false, 0)
-	m.Dispatched("premium", true, 3*time.Millisecond)
-	m.Dispatched("regular", true, 40*time.Millisecond)
+	granted := &sched.Grant{}
+	m.Decided(&sched.Leave{Grant: granted, Class: "premium"})
+	m.Decided(&sched.Leave{Grant: granted, Class: "premium"})
+	m.Decided(&sched.Leave{Grant: granted, Class: "premium", Queued: true, Wait: 3 * time.Millisecond})
+	m.Decided(&sched.Leave{Grant: granted, Class: "regular", Queued: true, Wait: 40 * time.Millisecond})
 	m.StreamDone("routed")
 	m.StreamDone("routed")
 	m.StreamDone("queue_limit")
-	m.Rejected("regular", "shed")
+	m.Decided(&sched.Leave{Class: "regular", Reason: "shed"})
 	tests := []struct {
 		name string
 		c    prometheus.Collector

@@ -13,7 +13,7 @@ import (
 // Window is how far back the Tracker looks.
 const Window = time.Minute
 
-// Tracker records the picker's decisions for the status page. Record runs
+// Tracker records the picker's decisions for the status page. Decided runs
 // on the dispatcher's loop; reads come from HTTP handlers and scrapes.
 type Tracker struct {
 	mu      sync.Mutex
@@ -49,9 +49,9 @@ func newTracker(now func() time.Time) *Tracker {
 	return &Tracker{now: now, classes: map[string]*classWindow{}}
 }
 
-// Record takes one decision of the scheduling core (dispatcher
-// Options.OnLeave).
-func (t *Tracker) Record(l *sched.Leave) {
+// Decided takes one decision of the scheduling core (a dispatcher
+// Observer).
+func (t *Tracker) Decided(l *sched.Leave) {
 	at := t.now().Unix()
 	t.mu.Lock()
 	defer t.mu.Unlock()
