@@ -11,6 +11,7 @@ import (
 
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/extproc"
+	"github.com/laneway-dev/laneway/pkg/fault"
 	"github.com/laneway-dev/laneway/pkg/policy"
 	"github.com/laneway-dev/laneway/pkg/sched"
 )
@@ -53,7 +54,7 @@ var _ extproc.Decider = (*Handler)(nil)
 
 // Decide implements extproc.Decider.
 func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Decision, error) {
-	fault("decide", req.Headers)
+	fault.At("decide", req.Headers)
 	if h.Gate != nil {
 		if reason := h.Gate(); reason != "" {
 			return extproc.Decision{}, jsonReply(http.StatusServiceUnavailable, reason, "this endpoint picker replica is not serving ("+reason+")", nil)
@@ -94,7 +95,7 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 			g.Done()
 		}
 	}()
-	fault("after_grant", req.Headers)
+	fault.At("after_grant", req.Headers)
 	body := h.routed(req, t, g, ps)
 	recycleParsed(ps, t)
 	putTicket(t)

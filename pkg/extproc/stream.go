@@ -15,6 +15,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/laneway-dev/laneway/pkg/fault"
 )
 
 // stream is the state of one ext_proc stream. It lives on the stream's gRPC
@@ -195,7 +197,7 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 	if !st.gotHeader || st.answered {
 		return true, st.protocolError(codes.InvalidArgument, "request body outside the request body phase")
 	}
-	fault("request_body", st.req.Headers)
+	fault.At("request_body", st.req.Headers)
 	if len(st.req.Body)+len(b.GetBody()) > st.s.maxBody {
 		return true, st.sendBodyTooLarge(len(st.req.Body) + len(b.GetBody()))
 	}
@@ -410,7 +412,7 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 	if !st.answered {
 		return st.protocolError(codes.InvalidArgument, "response headers before the request was answered")
 	}
-	fault("response_headers", st.req.Headers)
+	fault.At("response_headers", st.req.Headers)
 	var served string
 	if st.conformance {
 		// Without the gateway's served-endpoint metadata the best statement
