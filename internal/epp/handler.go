@@ -103,15 +103,6 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 	return extproc.Decision{Endpoints: g.Endpoints, Body: body, Lifecycle: g}, nil
 }
 
-// tickets recycles tickets: the dispatcher is done with one once Acquire
-// returned a grant or an error other than the caller's cancellation.
-var tickets = sync.Pool{New: func() any { return new(sched.Ticket) }}
-
-func putTicket(t *sched.Ticket) {
-	*t = sched.Ticket{}
-	tickets.Put(t)
-}
-
 // allowList combines the subset hint and the conformance test header: a
 // request may go only where both allow.
 func allowList(req *extproc.Request) ([]string, bool) {

@@ -3,7 +3,6 @@ package epp
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -246,18 +245,6 @@ func (in *intel) stop() {
 	}
 }
 
-// RequestHooks extend the Handler around the dispatcher.
-type RequestHooks interface {
-	// BlockSize is the prefix hashing block size for the next request; 0
-	// computes no hashes.
-	BlockSize() int
-	// Routed sees every request that got an endpoint, with where its
-	// body's priority members are (from the parser's pass; nil when the
-	// parser is no BlockParser); a non-nil result replaces the body sent
-	// upstream.
-	Routed(req *extproc.Request, t *sched.Ticket, g *sched.Grant, at *tokenize.PrioritySpans) []byte
-}
-
 // BlockSize implements RequestHooks.
 func (in *intel) BlockSize() int { return in.disp.BlockSize() }
 
@@ -301,17 +288,6 @@ func (in *intel) isLive(ep string) bool {
 // has reports whether k is in the set m.
 func has(m map[string]struct{}, k string) bool { _, ok := m[k]; return ok }
 
-// parsed is what a request's parse leaves for after the grant: the buffer
-// Ticket.Blocks points into and the body's fields (where its priority is
-// spliced). They are recycled: 2,048 hashes for a 32k-token prompt would
-// otherwise be a 16 kB allocation per request.
-type parsed struct {
-	blocks []uint64
-	fields tokenize.Fields
-}
-
-var parsedPool = sync.Pool{New: func() any { return &parsed{blocks: make([]uint64, 0, 512)} }}
-
 // intelCollector exposes the dispatcher's per-endpoint intelligence.
 type intelCollector intel
 
@@ -339,53 +315,4 @@ func (c *intelCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(unseenDesc, prometheus.GaugeValue, float64(e.UnseenWaiting), e.Addr)
 		ch <- prometheus.MustNewConstMetric(indexTokensDesc, prometheus.GaugeValue, float64(e.IndexTokens), e.Addr)
 	}
-}
-
-// maxKeptBlocks and maxKeptSpans bound the buffers parsedPool keeps (a
-// 16 MiB body could make one of several MiB).
-const (
-	maxKeptBlocks = 1 << 16
-	maxKeptSpans  = 64
-)
-
-// parse runs the parser: through BlockParser when there are hooks, so the
-// prompt's block hashes (when the hooks ask for them) and the body's
-// priority spans come from its one pass. The state it returns goes back
-// with recycleParsed.
-func (h *Handler) parse(req *extproc.Request, t *sched.Ticket) (*parsed, error) {
-	if h.Hooks != nil {
-		if bp, ok := h.Parser.(BlockParser); ok {
-			ps := parsedPool.Get().(*parsed)
-			return ps, bp.ParseBlocks(req, t, h.Hooks.BlockSize(), ps.blocks[:0], &ps.fields)
-		}
-	}
-	return nil, h.Parser.Parse(req, t)
-}
-
-// recycleParsed returns a request's parse state to the pool; call it only
-// once the dispatcher is done with the ticket.
-func recycleParsed(ps *parsed, t *sched.Ticket) {
-	if ps == nil {
-		return
-	}
-	if t.Blocks != nil {
-		ps.blocks = t.Blocks[:0]
-		t.Blocks = nil
-	}
-	ps.fields.Model = ""
-	if cap(ps.blocks) <= maxKeptBlocks && cap(ps.fields.Priority.Values) <= maxKeptSpans {
-		parsedPool.Put(ps)
-	}
-}
-
-// routed applies the hooks to a granted request.
-func (h *Handler) routed(req *extproc.Request, t *sched.Ticket, g *sched.Grant, ps *parsed) []byte {
-	if h.Hooks == nil {
-		return nil
-	}
-	var at *tokenize.PrioritySpans
-	if ps != nil {
-		at = &ps.fields.Priority
-	}
-	return h.Hooks.Routed(req, t, g, at)
 }

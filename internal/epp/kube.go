@@ -3,17 +3,12 @@ package epp
 import (
 	"context"
 	"fmt"
-	"os"
-	"strings"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -22,6 +17,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/laneway-dev/laneway/internal/controller"
+	"github.com/laneway-dev/laneway/internal/ha"
 	"github.com/laneway-dev/laneway/pkg/policy"
 	"github.com/laneway-dev/laneway/pkg/sched"
 )
@@ -33,7 +29,7 @@ import (
 // policy_invalid until they are fixed). With leader election every ready
 // replica serves: the Lease holder schedules, the others forward each
 // stream to it and schedule locally while no leader is reachable
-// (forward.go). Losing the Lease demotes a leader to a follower; the
+// (internal/ha). Losing the Lease demotes a leader to a follower; the
 // process does not exit. It returns when ctx ends and the shutdown is
 // over, or with an error when the controller manager failed.
 //
@@ -88,9 +84,7 @@ func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 	log.Info("endpoint picker serving (Kubernetes mode)", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr,
 		"tls", opts.SecureServing, "pool", opts.Kube.PoolNamespace+"/"+opts.Kube.PoolName, "leaderElection", opts.Kube.LeaderElection, "identity", identity)
 	err = srv.Run(ctx, parts...)
-	if f := srv.route.fwd.Load(); f != nil {
-		f.close()
-	}
+	srv.route.Close()
 	return err
 }
 
@@ -135,35 +129,42 @@ func setupKube(cfg *rest.Config, mgr manager.Manager, srv *Server, opts *Options
 		return parts, "", nil
 	}
 
-	name := os.Getenv("POD_NAME")
-	if name == "" {
-		name, _ = os.Hostname()
-	}
-	name = strings.ReplaceAll(name, "_", "-") // '_' separates the identity's fields
-	identity := holderIdentity(name, advertiseAddr(srv.grpcLn.Addr()), identityTag(servingPin(opts, srv.tlsCfg)))
-	// Each request of the election is bounded: one that hangs (a
-	// partition) would stall a follower's campaign.
-	lcfg := rest.CopyConfig(cfg)
-	lcfg.Timeout = k.RenewDeadline
-	coord, err := coordinationv1client.NewForConfig(lcfg)
-	if err != nil {
-		return nil, "", fmt.Errorf("leader election client: %w", err)
-	}
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: k.PoolNamespace, Name: LeaseName(k.PoolName)},
-		Client:     coord,
-		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
-	}
-	el, err := newElector(lock, identity, k, ctrls.Synced(), srv.Stopping(), ctrls.StatusWriter().Start, srv.reg, log.WithName("election"))
-	if err != nil {
-		return nil, "", fmt.Errorf("leader election: %w", err)
-	}
-	fwd, err := newForwarder(el, identity, srv.ext, srv.gate, leaderDialer(opts), srv.reg, log.WithName("forward"))
+	link := leaderLink(opts)
+	identity := ha.Identity(srv.grpcLn.Addr(), ha.ServingPin(link, srv.tlsCfg))
+	lock, err := ha.LeaseLock(cfg, k.PoolNamespace, k.PoolName, identity, k.RenewDeadline)
 	if err != nil {
 		return nil, "", err
 	}
-	srv.route.fwd.Store(fwd)
-	return append(parts, el), identity, nil
+	el, err := ha.NewElector(ha.ElectorConfig{
+		Lock: lock, Identity: identity,
+		LeaseDuration: k.LeaseDuration, RenewDeadline: k.RenewDeadline, RetryPeriod: k.RetryPeriod,
+		Synced: ctrls.Synced(), Stopping: srv.Stopping(), Lead: ctrls.StatusWriter().Start,
+		Registry: srv.reg, Log: log.WithName("election"),
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("leader election: %w", err)
+	}
+	err = srv.route.Follow(ha.FollowConfig{
+		Leader: el, Self: identity, Gate: srv.gate,
+		Refusals: []string{ReasonNotReady, ReasonPolicyInvalid, ReasonShuttingDown},
+		Link:     link, Registry: srv.reg, Log: log.WithName("forward"),
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return append(parts, manager.RunnableFunc(el.Run)), identity, nil
+}
+
+// leaderLink is the leader link's transport: the gateways' own, as the
+// flags set it.
+func leaderLink(opts *Options) ha.LinkOptions {
+	return ha.LinkOptions{
+		TLS:          opts.SecureServing,
+		CertPath:     opts.CertPath,
+		MutualTLS:    opts.ClientCA != "",
+		Insecure:     opts.Kube.LeaderTLSInsecure,
+		MaxBodyBytes: opts.MaxBodyBytes,
+	}
 }
 
 // managerPart runs the controller manager as a part of the Server. The
@@ -288,6 +289,3 @@ func newManager(cfg *rest.Config, opts *Options, log logr.Logger) (manager.Manag
 	}
 	return mgr, nil
 }
-
-// LeaseName is the leader-election Lease of a pool's pickers.
-func LeaseName(pool string) string { return "laneway-epp-" + pool }

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/laneway-dev/laneway/internal/ha"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 	"github.com/laneway-dev/laneway/pkg/sched"
 )
@@ -87,9 +88,6 @@ func TestKubeDefaults(t *testing.T) {
 	k := o.Kube
 	if k.PoolGroup != DefaultPoolGroup || k.LeaseDuration != 15*time.Second || k.RenewDeadline != 10*time.Second || k.RetryPeriod != 2*time.Second {
 		t.Fatalf("defaults %+v", k)
-	}
-	if got := LeaseName("llama"); got != "laneway-epp-llama" {
-		t.Fatalf("LeaseName = %q", got)
 	}
 }
 
@@ -195,5 +193,21 @@ func TestReadinessGate(t *testing.T) {
 				t.Errorf("readiness %v, want serving %v", r.GetStatus(), tt.wantReadyServing)
 			}
 		})
+	}
+}
+
+// TestLeaderLink: the leader link takes the gateways' transport and the
+// leader's trust from the flags.
+func TestLeaderLink(t *testing.T) {
+	o := testOptions(func(o *Options) {
+		o.SecureServing, o.CertPath, o.ClientCA, o.MaxBodyBytes = true, "/certs", "/ca/ca.crt", 1000
+		o.Kube.LeaderTLSInsecure = true
+	})
+	want := ha.LinkOptions{TLS: true, CertPath: "/certs", MutualTLS: true, Insecure: true, MaxBodyBytes: 1000}
+	if got := leaderLink(o); got != want {
+		t.Errorf("leaderLink = %+v, want %+v", got, want)
+	}
+	if got := leaderLink(NewOptions()); got.MutualTLS || got.Insecure || got.CertPath != "" || !got.TLS {
+		t.Errorf("leaderLink of the defaults = %+v, want TLS without a client certificate, verified", got)
 	}
 }

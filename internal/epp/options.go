@@ -129,11 +129,11 @@ type KubeOptions struct {
 	Kubeconfig string
 	// LeaderElection elects one replica on a Lease to hold the pool's one
 	// queue: every synced replica is ready, followers forward each stream
-	// to the leader (forward.go) and schedule locally when none is
+	// to the leader (internal/ha) and schedule locally when none is
 	// reachable.
 	LeaderElection bool
 	// LeaderTLSInsecure skips verifying the leader's certificate when a
-	// follower forwards to it over TLS (see leaderTLS).
+	// follower forwards to it over TLS (ha.LinkOptions).
 	LeaderTLSInsecure bool
 	// LeaseDuration, RenewDeadline and RetryPeriod tune the election. A
 	// killed leader is replaced within about LeaseDuration.

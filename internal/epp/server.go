@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
+	"github.com/laneway-dev/laneway/internal/ha"
 	"github.com/laneway-dev/laneway/internal/metrics"
 	"github.com/laneway-dev/laneway/internal/status"
 	"github.com/laneway-dev/laneway/internal/tlsutil"
@@ -58,9 +59,9 @@ type Server struct {
 	// ext is the ext_proc stream handler; route, registered on grpcSrv,
 	// hands it each stream, or forwards the stream to the leader (HA).
 	ext   *extproc.Server
-	route router
+	route *ha.Router
 	// tlsCfg is the ext_proc server's TLS config (nil for plaintext); the
-	// leader link (forward.go) pins or trusts what it serves.
+	// leader link (internal/ha) pins or trusts what it serves.
 	tlsCfg *tls.Config
 
 	grpcLn, healthLn, metricsLn net.Listener
@@ -144,8 +145,8 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 		ConformanceHooks: opts.ConformanceHooks,
 		RetryAfter:       opts.RetryAfter,
 	})
-	s.route.local = s.ext
-	extprocv3.RegisterExternalProcessorServer(s.grpcSrv, &s.route)
+	s.route = ha.NewRouter(s.ext)
+	extprocv3.RegisterExternalProcessorServer(s.grpcSrv, s.route)
 	metrics.RegisterHeldBytes(s.reg, s.ext)
 
 	s.health = health.NewServer()

@@ -28,7 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
-	"github.com/laneway-dev/laneway/internal/epp"
+	"github.com/laneway-dev/laneway/internal/ha"
 	"github.com/laneway-dev/laneway/internal/metrics"
 	"github.com/laneway-dev/laneway/internal/status"
 	"github.com/laneway-dev/laneway/pkg/policy"
@@ -659,7 +659,7 @@ func registeredMetrics(t testing.TB) map[string]bool {
 	// tenants were backlogged.
 	_ = r.Register(status.Collector{T: status.NewTracker()})
 	// The HA series exist only with leader election.
-	r.names[epp.MetricHALeader], r.names[epp.MetricHAStreams] = true, true
+	r.names[ha.MetricLeader], r.names[ha.MetricStreams] = true, true
 	if len(r.names) == 0 {
 		t.Fatal("internal/metrics registered nothing")
 	}

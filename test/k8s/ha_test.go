@@ -20,7 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/laneway-dev/laneway/internal/epp"
+	"github.com/laneway-dev/laneway/internal/ha"
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
@@ -356,7 +356,7 @@ func (p *eppProc) identity() string {
 // waitLease watches the pool's Lease until cond holds and returns it.
 func (e *env) waitLease(what string, cond func(*coordinationv1.Lease) bool) *coordinationv1.Lease {
 	e.t.Helper()
-	return waitObject(e, &coordinationv1.LeaseList{}, epp.LeaseName("pool"), what, cond)
+	return waitObject(e, &coordinationv1.LeaseList{}, ha.LeaseName("pool"), what, cond)
 }
 
 // service plays a Kubernetes Service over picker replicas with the
@@ -564,7 +564,7 @@ func (e *env) leaseHolderOrNone() string {
 	var l coordinationv1.Lease
 	c, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	if err := admin.Get(c, client.ObjectKey{Namespace: e.ns, Name: epp.LeaseName("pool")}, &l); err != nil {
+	if err := admin.Get(c, client.ObjectKey{Namespace: e.ns, Name: ha.LeaseName("pool")}, &l); err != nil {
 		return ""
 	}
 	return ptr.Deref(l.Spec.HolderIdentity, "")

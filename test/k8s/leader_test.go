@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/internal/epp"
+	"github.com/laneway-dev/laneway/internal/ha"
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
@@ -38,9 +39,9 @@ func TestLeaderFailover(t *testing.T) {
 	r2.waitReady() // a synced follower is ready too
 	leader, follower := r1, r2
 	if h := e.leaseHolder(); h != leader.identity() {
-		t.Fatalf("Lease %s held by %q, want the first replica %q", epp.LeaseName("pool"), h, leader.identity())
+		t.Fatalf("Lease %s held by %q, want the first replica %q", ha.LeaseName("pool"), h, leader.identity())
 	}
-	t.Logf("lease %s held by %s", epp.LeaseName("pool"), leader.identity())
+	t.Logf("lease %s held by %s", ha.LeaseName("pool"), leader.identity())
 	follower.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
 	serve(t, follower.start(ctx(t), request("")))
 	serve(t, leader.start(ctx(t), request("")))
@@ -128,7 +129,7 @@ func TestDeposedLeaderFollows(t *testing.T) {
 func (e *env) leaseHolder() string {
 	e.t.Helper()
 	var l coordinationv1.Lease
-	if err := admin.Get(ctx(e.t), client.ObjectKey{Namespace: e.ns, Name: epp.LeaseName("pool")}, &l); err != nil {
+	if err := admin.Get(ctx(e.t), client.ObjectKey{Namespace: e.ns, Name: ha.LeaseName("pool")}, &l); err != nil {
 		e.t.Fatalf("get Lease: %v", err)
 	}
 	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {

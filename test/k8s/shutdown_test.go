@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/internal/epp"
+	"github.com/laneway-dev/laneway/internal/ha"
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
@@ -111,7 +112,7 @@ func (e *env) usurpLease(holder string) {
 	e.t.Helper()
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var l coordinationv1.Lease
-		if err := admin.Get(ctx(e.t), client.ObjectKey{Namespace: e.ns, Name: epp.LeaseName("pool")}, &l); err != nil {
+		if err := admin.Get(ctx(e.t), client.ObjectKey{Namespace: e.ns, Name: ha.LeaseName("pool")}, &l); err != nil {
 			return err
 		}
 		now := metav1.NewMicroTime(time.Now())

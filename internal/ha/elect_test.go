@@ -1,4 +1,4 @@
-package epp
+package ha
 
 import (
 	"context"
@@ -41,6 +41,12 @@ func TestHolderIdentity(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestLeaseName(t *testing.T) {
+	if got := LeaseName("llama"); got != "laneway-epp-llama" {
+		t.Fatalf("LeaseName = %q", got)
 	}
 }
 
@@ -126,10 +132,11 @@ func TestObservedLockFreshness(t *testing.T) {
 // goroutine of its own) never does; a stop after a release is not logged
 // as lost.
 func TestElectorTerms(t *testing.T) {
-	k := NewOptions().Kube
 	leading := make(chan struct{}, 2)
 	lead := func(ctx context.Context) error { leading <- struct{}{}; return nil }
-	e, err := newElector(&fakeLock{}, "me_127.0.0.1:1_ab", &k, nil, nil, lead, prometheus.NewRegistry(), logr.Discard())
+	e, err := NewElector(ElectorConfig{Lock: &fakeLock{}, Identity: "me_127.0.0.1:1_ab",
+		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		Lead: lead, Registry: prometheus.NewRegistry(), Log: logr.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,21 +144,21 @@ func TestElectorTerms(t *testing.T) {
 	done := make(chan struct{})
 	go func() { e.startedLeading(term); close(done) }()
 	<-leading // the leader's work runs once leadership is set
-	if _, leading := e.leader(); !leading {
-		t.Fatal("leader() during a term: not leading")
+	if !e.IsLeader() {
+		t.Fatal("IsLeader() during a term: not leading")
 	}
 	end()
 	<-done
 	e.stoppedLeading(false)
-	if h, leading := e.leader(); leading || h != "" {
-		t.Fatalf("leader() after the term = %q, %v", h, leading)
+	if h, leading := e.Leader(), e.IsLeader(); leading || h != "" {
+		t.Fatalf("Leader(), IsLeader() after the term = %q, %v", h, leading)
 	}
 
 	late, endLate := context.WithCancel(context.Background())
 	endLate()
 	e.stoppedLeading(false)
 	e.startedLeading(late)
-	if _, leading := e.leader(); leading {
+	if e.IsLeader() {
 		t.Fatal("a term started after its end reports leadership")
 	}
 	if len(leading) != 0 {

@@ -1,19 +1,13 @@
-package epp
+package ha
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -21,31 +15,82 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/laneway-dev/laneway/internal/tlsutil"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
 
-// router is the ext_proc service on the picker's gRPC server. Without
-// leader election (and until the elector is wired) every stream goes to
-// the local handler; with it, the forwarder decides per stream.
-type router struct {
+// Router is the ext_proc service on the picker's gRPC server: it decides,
+// per stream, whether the replica's own handler serves it or the leader
+// does. Until Follow (without leader election, always) every stream is
+// served here; after it, the streams of a follower go to the leader.
+type Router struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	local *extproc.Server
+	local Local
 	fwd   atomic.Pointer[forwarder]
 }
 
+// Local is the replica's own ext_proc handler as the router uses it
+// (extproc.Server): it serves streams, and its held-body budget also
+// counts the copies a follower keeps of the streams it forwards.
+type Local interface {
+	Process(extprocv3.ExternalProcessor_ProcessServer) error
+	ReserveHeldBodyBytes(n int64) bool
+	ReleaseHeldBodyBytes(n int64)
+}
+
+// NewRouter returns a router that serves every stream with local.
+func NewRouter(local Local) *Router { return &Router{local: local} }
+
 // Process implements extprocv3.ExternalProcessorServer.
-func (r *router) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+func (r *Router) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	if f := r.fwd.Load(); f != nil {
 		return f.process(srv)
 	}
 	return r.local.Process(srv)
+}
+
+// FollowConfig configures Router.Follow.
+type FollowConfig struct {
+	// Leader says who leads (the Elector).
+	Leader LeaderView
+	// Self is this replica's holder identity (Identity): the leader learns
+	// from it that a stream was forwarded.
+	Self string
+	// Gate is the local handler's readiness gate: while it gives a reason
+	// the replica does not forward either (its handler answers 503).
+	Gate func() string
+	// Refusals are the x-laneway-reason values of a 503 by which a
+	// replica says only that it cannot schedule now (not ready, policy
+	// invalid, shutting down): a leader's first answer with one is not
+	// the client's, and the stream is replayed here.
+	Refusals []string
+	// Link is how the leader is dialled.
+	Link LinkOptions
+	// Registry gets laneway_ha_streams_total.
+	Registry prometheus.Registerer
+	Log      logr.Logger
+}
+
+// Follow makes the router route each later stream by cfg.Leader: served
+// here while this replica leads, forwarded to the leader otherwise, and
+// served here while no leader is reachable.
+func (r *Router) Follow(cfg FollowConfig) error {
+	f, err := newForwarder(cfg, r.local)
+	if err != nil {
+		return err
+	}
+	r.fwd.Store(f)
+	return nil
+}
+
+// Close closes the connection to the leader; call it once the gRPC server
+// stopped (the streams on it are over).
+func (r *Router) Close() {
+	if f := r.fwd.Load(); f != nil {
+		f.close()
+	}
 }
 
 // forwardedByKey is the gRPC metadata a follower sets on a stream it
@@ -56,8 +101,8 @@ const forwardedByKey = "x-laneway-forwarded-by"
 
 // The HA series, registered only with --ha-enable-leader-election.
 const (
-	MetricHALeader  = "laneway_ha_leader"
-	MetricHAStreams = "laneway_ha_streams_total"
+	MetricLeader  = "laneway_ha_leader"
+	MetricStreams = "laneway_ha_streams_total"
 )
 
 // Routes of laneway_ha_streams_total.
@@ -87,12 +132,14 @@ type heldBudget interface {
 	ReleaseHeldBodyBytes(n int64)
 }
 
-// leaderView is what the forwarder needs from the elector.
-type leaderView interface {
-	// leader returns the identity of a leader to forward to, "" when
-	// there is none (this replica leads: leading is true; or no fresh
-	// holder is known).
-	leader() (holder string, leading bool)
+// LeaderView is what the router needs from the elector (Elector).
+type LeaderView interface {
+	// IsLeader reports whether this replica leads.
+	IsLeader() bool
+	// Leader returns the holder identity of a leader to forward to, ""
+	// when there is none (this replica leads, or no fresh holder is
+	// known).
+	Leader() string
 }
 
 // forwarder is the follower side of HA: each ext_proc stream goes to the
@@ -100,12 +147,13 @@ type leaderView interface {
 // the pool's requests; when no leader is reachable the stream is
 // scheduled here.
 type forwarder struct {
-	view   leaderView
-	self   string // this replica's holder identity
-	local  *extproc.Server
-	gate   func() string
-	dialTo func(holder string) (*grpc.ClientConn, error)
-	log    logr.Logger
+	view     LeaderView
+	self     string // this replica's holder identity
+	local    Local
+	gate     func() string
+	refusals []string
+	dialTo   func(holder string) (*grpc.ClientConn, error)
+	log      logr.Logger
 	// routes counts the streams by route (laneway_ha_streams_total), its
 	// children resolved once: every stream counts one.
 	routes map[string]prometheus.Counter
@@ -124,30 +172,30 @@ type leaderConn struct {
 	stale  bool
 }
 
-func newForwarder(view leaderView, self string, local *extproc.Server, gate func() string,
-	dialTo func(string) (*grpc.ClientConn, error), reg prometheus.Registerer, log logr.Logger) (*forwarder, error) {
+func newForwarder(cfg FollowConfig, local Local) (*forwarder, error) {
 	routes := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: MetricHAStreams,
+		Name: MetricStreams,
 		Help: "ext_proc streams by where they were handled: leader (here, holding the Lease), forwarded (to the leader), local (here: no reachable leader, forwarded to us, or this replica not ready), fallback (the leader failed or refused before answering; replayed here).",
 	}, []string{"route"})
 	children := map[string]prometheus.Counter{}
 	for _, r := range []string{routeLeader, routeForwarded, routeLocal, routeFallback} {
 		children[r] = routes.WithLabelValues(r)
 	}
-	if err := reg.Register(routes); err != nil {
-		return nil, fmt.Errorf("register laneway_ha_streams_total: %w", err)
+	if err := cfg.Registry.Register(routes); err != nil {
+		return nil, fmt.Errorf("register %s: %w", MetricStreams, err)
 	}
-	return &forwarder{view: view, self: self, local: local, gate: gate, dialTo: dialTo, log: log, routes: children}, nil
+	return &forwarder{view: cfg.Leader, self: cfg.Self, local: local, gate: cfg.Gate, refusals: cfg.Refusals,
+		dialTo: dialer(cfg.Link), log: cfg.Log, routes: children}, nil
 }
 
 // process routes one stream.
 func (f *forwarder) process(gw extprocv3.ExternalProcessor_ProcessServer) error {
-	holder, leading := f.view.leader()
-	switch {
-	case leading:
+	if f.view.IsLeader() {
 		f.routes[routeLeader].Inc()
 		return f.local.Process(gw)
-	case holder == "" || f.gate() != "" || forwardedBy(gw.Context()) != "":
+	}
+	holder := f.view.Leader()
+	if holder == "" || f.gate() != "" || forwardedBy(gw.Context()) != "" {
 		// A closed gate answers 503 with its reason from the local
 		// handler: a replica that must not schedule does not forward
 		// either.
@@ -269,7 +317,7 @@ func (f *forwarder) proxy(gw extprocv3.ExternalProcessor_ProcessServer, lc *lead
 			return err // the leader's status, or Unavailable for a broken link
 		}
 		if first {
-			if reason := localRefusal(resp); reason != "" {
+			if reason := localRefusal(resp, f.refusals); reason != "" {
 				if replay, ok := p.divert(); ok {
 					cancel()
 					return f.replay(gw, lc, replay, fmt.Errorf("leader answered 503 %s", reason))
@@ -292,9 +340,9 @@ func (f *forwarder) replay(gw extprocv3.ExternalProcessor_ProcessServer, lc *lea
 }
 
 // localRefusal returns the reason of a leader's answer that says only that
-// the leader cannot schedule now (503 not_ready, policy_invalid or
-// shutting_down), "" for any other answer, which goes to the gateway.
-func localRefusal(resp *extprocv3.ProcessingResponse) string {
+// the leader cannot schedule now (a 503 with one of refusals), "" for any
+// other answer, which goes to the gateway.
+func localRefusal(resp *extprocv3.ProcessingResponse, refusals []string) string {
 	ir := resp.GetImmediateResponse()
 	if ir == nil || ir.GetStatus().GetCode() != typev3.StatusCode_ServiceUnavailable {
 		return ""
@@ -307,8 +355,7 @@ func localRefusal(resp *extprocv3.ProcessingResponse) string {
 		if v == "" {
 			v = string(h.GetHeader().GetRawValue())
 		}
-		switch v {
-		case ReasonNotReady, ReasonPolicyInvalid, ReasonShuttingDown:
+		if slices.Contains(refusals, v) {
 			return v
 		}
 	}
@@ -454,141 +501,4 @@ func (r *replayStream) Recv() (*extprocv3.ProcessingRequest, error) {
 		r.end = r.Context().Err()
 		return nil, r.end
 	}
-}
-
-// leaderDialer returns the function that connects to a leader named by
-// its holder identity, over the transport the gateways use: plaintext, or
-// TLS verified as leaderTLS says.
-func leaderDialer(opts *Options) func(holder string) (*grpc.ClientConn, error) {
-	return func(holder string) (*grpc.ClientConn, error) {
-		addr, tag, ok := parseHolder(holder)
-		if !ok {
-			return nil, fmt.Errorf("lease holder %q names no address", holder)
-		}
-		creds := insecure.NewCredentials()
-		if opts.SecureServing {
-			cfg, err := leaderTLS(opts, tag)
-			if err != nil {
-				return nil, err
-			}
-			creds = credentials.NewTLS(cfg)
-		}
-		conn, err := grpc.NewClient(addr,
-			grpc.WithTransportCredentials(creds),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxBodyBytes+(1<<20)), grpc.MaxCallSendMsgSize(opts.MaxBodyBytes+(1<<20))),
-			// The leader's enforcement allows pings every 5 s, also without
-			// streams: a dead leader is noticed within about 15 s even on
-			// an idle link, and streams go local meanwhile only once the
-			// connection is down.
-			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-			grpc.WithIdleTimeout(0),
-			grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(1<<24),
-		)
-		if err != nil {
-			return nil, fmt.Errorf("connect to the leader at %s: %w", addr, err)
-		}
-		conn.Connect()
-		return conn, nil
-	}
-}
-
-// leaderTLS is the TLS client config of the leader link. With --client-ca
-// the follower presents its --cert-path pair as its client certificate.
-// The leader serves what the gateways see, so the follower trusts it as
-// follows:
-//
-//   - --leader-tls-insecure: no verification;
-//   - without --cert-path the leader's certificate is self-signed, made at
-//     its start; its holder identity on the Lease carries the
-//     certificate's SHA-256 pin (tag), and only that certificate is
-//     accepted. The Lease is as trusted as the picker's RBAC makes it;
-//   - with --cert-path every replica mounts the same Secret: the chain must
-//     verify against its ca.crt when the folder has one, else against the
-//     certificate in tls.crt itself. The host name is not checked (the
-//     leader is dialled by pod IP, which a Service's certificate does not
-//     name), so the CA should be one that signs only the picker's
-//     certificates.
-func leaderTLS(opts *Options, tag string) (*tls.Config, error) {
-	cfg := tlsutil.ClientConfig(true)
-	if opts.ClientCA != "" {
-		// The leader requires a client certificate of its gateways and of
-		// its followers alike: a follower presents its own serving pair,
-		// reloaded as the server's is, so a rotated Secret is used at the
-		// next handshake (Validate requires --cert-path with --client-ca
-		// and leader election).
-		pair, err := tlsutil.NewReloader(opts.CertPath, nil)
-		if err != nil {
-			return nil, fmt.Errorf("--cert-path: the leader link's client certificate: %w", err)
-		}
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair.GetCertificate(nil) }
-	}
-	switch {
-	case opts.Kube.LeaderTLSInsecure:
-		return cfg, nil
-	case opts.CertPath == "":
-		if !isPin(tag) {
-			return nil, fmt.Errorf("the leader's identity carries no certificate pin (%q): is it serving with --cert-path while this replica is not?", tag)
-		}
-		cfg.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
-			if len(raw) == 0 || certPin(raw[0]) != tag {
-				return errors.New("the leader's certificate does not match the pin on the Lease")
-			}
-			return nil
-		}
-		return cfg, nil
-	}
-	// ca.crt when the folder has one, else tls.crt; reloaded when it
-	// changes, like the server's client CA bundle.
-	caPath := filepath.Join(opts.CertPath, tlsutil.CAFile)
-	if _, err := os.Stat(caPath); errors.Is(err, os.ErrNotExist) {
-		caPath = filepath.Join(opts.CertPath, tlsutil.CertFile)
-	}
-	roots, err := tlsutil.NewCAReloader(caPath, nil)
-	if err != nil {
-		return nil, fmt.Errorf("--cert-path: the leader link's CA: %w", err)
-	}
-	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-		if len(cs.PeerCertificates) == 0 {
-			return errors.New("the leader sent no certificate")
-		}
-		inter := x509.NewCertPool()
-		for _, c := range cs.PeerCertificates[1:] {
-			inter.AddCert(c)
-		}
-		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots.Pool(), Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
-		if err != nil {
-			return fmt.Errorf("verify the leader's certificate against --cert-path: %w", err)
-		}
-		return nil
-	}
-	return cfg, nil
-}
-
-// certPin is the pin of a DER certificate: the first 16 bytes of its
-// SHA-256, in hex.
-func certPin(der []byte) string {
-	sum := sha256.Sum256(der)
-	return hex.EncodeToString(sum[:16])
-}
-
-func isPin(tag string) bool {
-	if len(tag) != 32 {
-		return false
-	}
-	_, err := hex.DecodeString(tag)
-	return err == nil
-}
-
-// servingPin returns the pin of the self-signed certificate the server
-// serves, "" when it serves plaintext or a mounted certificate (which can
-// change while the identity cannot).
-func servingPin(opts *Options, serving *tls.Config) string {
-	if serving == nil || opts.CertPath != "" || serving.GetCertificate == nil {
-		return ""
-	}
-	c, err := serving.GetCertificate(&tls.ClientHelloInfo{})
-	if err != nil || c == nil || len(c.Certificate) == 0 {
-		return ""
-	}
-	return certPin(c.Certificate[0])
 }

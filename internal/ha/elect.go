@@ -1,9 +1,10 @@
-package epp
+package ha
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -13,7 +14,10 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
@@ -31,8 +35,42 @@ import (
 // this replica's ext_proc port at ($POD_IP, else the bind address, else
 // the host name; and the bound port), and tag makes the identity unique
 // per process: the pin of the self-signed serving certificate
-// (forward.go's leaderTLS), else random. Pod names, addresses and tags
+// (ServingPin, link.go), else random. Pod names, addresses and tags
 // contain no '_'.
+
+// Identity is this process's holder identity for its ext_proc listener
+// bound at bound: named after $POD_NAME (else the host name), advertising
+// the address followers dial (advertiseAddr), tagged with pin (the
+// serving certificate's, ServingPin) or, without one, at random.
+func Identity(bound net.Addr, pin string) string {
+	name := os.Getenv("POD_NAME")
+	if name == "" {
+		name, _ = os.Hostname()
+	}
+	name = strings.ReplaceAll(name, "_", "-") // '_' separates the identity's fields
+	return holderIdentity(name, advertiseAddr(bound), identityTag(pin))
+}
+
+// LeaseName is the leader-election Lease of a pool's pickers.
+func LeaseName(pool string) string { return "laneway-epp-" + pool }
+
+// LeaseLock is the lock on pool's Lease in namespace, held as identity,
+// through the API server cfg reaches. Each of its requests is bounded by
+// timeout (the renew deadline): one that hangs (a partition) would stall
+// a follower's campaign.
+func LeaseLock(cfg *rest.Config, namespace, pool, identity string, timeout time.Duration) (resourcelock.Interface, error) {
+	lcfg := rest.CopyConfig(cfg)
+	lcfg.Timeout = timeout
+	coord, err := coordinationv1client.NewForConfig(lcfg)
+	if err != nil {
+		return nil, fmt.Errorf("leader election client: %w", err)
+	}
+	return &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: LeaseName(pool)},
+		Client:     coord,
+		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
+	}, nil
+}
 
 // holderIdentity builds this process's holder identity.
 func holderIdentity(name, addr, tag string) string { return name + "_" + addr + "_" + tag }
@@ -150,14 +188,33 @@ func (l *observedLock) holder() string {
 	return o.holder
 }
 
-// elector campaigns for the pool's Lease from the moment the replica is
+// ElectorConfig configures NewElector.
+type ElectorConfig struct {
+	// Lock is the pool's Lease (LeaseLock), held as Identity.
+	Lock     resourcelock.Interface
+	Identity string
+	// LeaseDuration, RenewDeadline and RetryPeriod tune the election as
+	// client-go's elector takes them (--leader-election-*).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Synced is closed once the replica may campaign (its controllers
+	// synced); Stopping once the shutdown began (the Lease is released).
+	Synced, Stopping <-chan struct{}
+	// Lead, when set, is the leader's work (the status writer), run for
+	// each term this replica leads, until the term's context ends.
+	Lead func(context.Context) error
+	// Registry gets the laneway_ha_leader gauge.
+	Registry prometheus.Registerer
+	Log      logr.Logger
+}
+
+// Elector campaigns for the pool's Lease from the moment the replica is
 // synced until the shutdown begins, and keeps following the Lease after
 // that while the replica still serves (the shutdown delay), so that its
 // last streams go to the next leader. Losing the Lease (a renewal failing
 // past the renew deadline: another holder, or an API server that does not
 // answer) demotes it to a follower that campaigns again; the process does
-// not exit. While leading it runs lead (the status writer).
-type elector struct {
+// not exit. While leading it runs the config's Lead.
+type Elector struct {
 	lock                 *observedLock
 	identity             string
 	lease, renew, period time.Duration
@@ -171,35 +228,44 @@ type elector struct {
 	leading atomic.Bool
 }
 
-func newElector(lock resourcelock.Interface, identity string, k *KubeOptions, synced, stopping <-chan struct{},
-	lead func(context.Context) error, reg prometheus.Registerer, log logr.Logger) (*elector, error) {
+// NewElector returns an elector for cfg, its gauge registered; Run starts
+// it.
+func NewElector(cfg ElectorConfig) (*Elector, error) {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: MetricHALeader,
+		Name: MetricLeader,
 		Help: "1 while this replica holds the pool's leader-election Lease (its queue is the pool's), else 0.",
 	})
-	if err := reg.Register(g); err != nil {
-		return nil, err
+	if err := cfg.Registry.Register(g); err != nil {
+		return nil, fmt.Errorf("register %s: %w", MetricLeader, err)
 	}
-	return &elector{
-		lock:     &observedLock{Interface: lock, lease: k.LeaseDuration, now: time.Now},
-		identity: identity, lease: k.LeaseDuration, renew: k.RenewDeadline, period: k.RetryPeriod,
-		synced: synced, stopping: stopping, lead: lead, gauge: g, log: log,
+	return &Elector{
+		lock:     &observedLock{Interface: cfg.Lock, lease: cfg.LeaseDuration, now: time.Now},
+		identity: cfg.Identity, lease: cfg.LeaseDuration, renew: cfg.RenewDeadline, period: cfg.RetryPeriod,
+		synced: cfg.Synced, stopping: cfg.Stopping, lead: cfg.Lead, gauge: g, log: cfg.Log,
 	}, nil
 }
 
-// leader implements leaderView.
-func (e *elector) leader() (string, bool) {
+// IsLeader reports whether this replica holds the Lease now (a term of
+// its own has started and not ended).
+func (e *Elector) IsLeader() bool { return e.leading.Load() }
+
+// Leader is the holder identity of the leader to forward to: another
+// replica whose hold on the Lease this one saw renewed within its
+// duration. "" when there is none: this replica leads, no fresh holder is
+// known, or the record still names this replica after its term ended.
+func (e *Elector) Leader() string {
 	if e.leading.Load() {
-		return "", true
+		return ""
 	}
 	if h := e.lock.holder(); h != e.identity {
-		return h, false
+		return h
 	}
-	return "", false // our own old record: we are not leading any more
+	return "" // our own old record: we are not leading any more
 }
 
-// Start implements manager.Runnable: it returns once ctx ends.
-func (e *elector) Start(ctx context.Context) error {
+// Run campaigns and follows the Lease as the type says, and returns once
+// ctx ends (the drain), after any term's leader work returned.
+func (e *Elector) Run(ctx context.Context) error {
 	select {
 	case <-e.synced:
 	case <-ctx.Done():
@@ -265,7 +331,7 @@ func (e *elector) Start(ctx context.Context) error {
 // startedLeading runs the leader's work for one term, unless the term is
 // already over (client-go starts this callback on a goroutine of its own,
 // which may run after the term ended).
-func (e *elector) startedLeading(term context.Context) {
+func (e *Elector) startedLeading(term context.Context) {
 	e.mu.Lock()
 	if term.Err() != nil {
 		e.mu.Unlock()
@@ -284,7 +350,7 @@ func (e *elector) startedLeading(term context.Context) {
 }
 
 // stoppedLeading ends a term: released at the shutdown, or lost.
-func (e *elector) stoppedLeading(released bool) {
+func (e *Elector) stoppedLeading(released bool) {
 	e.mu.Lock()
 	was := e.leading.Swap(false)
 	e.gauge.Set(0)
