@@ -40,8 +40,9 @@
 // up to the leader) beside the stream's own (the leader's answers down);
 // gRPC runs its own for the leader connection.
 //
-// Exactly once: every stream gets exactly one answer, and a request is
-// scheduled by at most one queue.
+// Exactly once: every stream gets exactly one answer, from the leader or
+// from the local handler, so the gateway sends the request to at most one
+// endpoint, and whatever another replica held for it is given back.
 //
 //   - A stream is forwarded at most once: a follower marks it with its
 //     identity (x-laneway-forwarded-by), and a replica never forwards a
