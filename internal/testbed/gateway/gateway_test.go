@@ -16,11 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-
+	"github.com/laneway-dev/laneway/internal/testbed/fixture"
 	"github.com/laneway-dev/laneway/internal/testbed/gateway"
-	"github.com/laneway-dev/laneway/internal/tlsutil"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 )
 
@@ -28,36 +25,6 @@ type deciderFunc func(ctx context.Context, req *extproc.Request) (extproc.Decisi
 
 func (f deciderFunc) Decide(ctx context.Context, req *extproc.Request) (extproc.Decision, error) {
 	return f(ctx, req)
-}
-
-// startEPP serves a real ext_proc server on loopback, over TLS with a
-// self-signed certificate when useTLS, and returns its address.
-func startEPP(t *testing.T, d extproc.Decider, useTLS bool) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	var opts []grpc.ServerOption
-	if useTLS {
-		cert, err := tlsutil.SelfSigned()
-		if err != nil {
-			t.Fatalf("SelfSigned: %v", err)
-		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsutil.ServerConfig(tlsutil.Static(cert)))))
-	}
-	gs := grpc.NewServer(opts...)
-	extproc.NewServer(d, extproc.Options{}).Register(gs)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = gs.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		gs.Stop()
-		<-done
-	})
-	return lis.Addr().String()
 }
 
 // startBackend serves h on ip (a 127.0.0.x address) and returns "ip:port".
@@ -152,7 +119,7 @@ func TestRoutesToPick(t *testing.T) {
 			}
 			return dec, nil
 		})
-		url := startGateway(t, startEPP(t, d, useTLS), useTLS, gateway.Options{})
+		url := startGateway(t, fixture.ServeExtProc(t, d, useTLS), useTLS, gateway.Options{})
 		for _, tc := range tests {
 			name := tc.name
 			if useTLS {
@@ -212,7 +179,7 @@ func TestImmediateResponses(t *testing.T) {
 				}
 				return extproc.Decision{}, tc.reply
 			})
-			url := startGateway(t, startEPP(t, d, false), false, gateway.Options{})
+			url := startGateway(t, fixture.ServeExtProc(t, d, false), false, gateway.Options{})
 			resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{}`))
 			if err != nil {
 				t.Fatalf("request: %v", err)
@@ -268,7 +235,7 @@ func TestStreamingResponse(t *testing.T) {
 	d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
 		return extproc.Decision{Endpoints: []string{backend}, Lifecycle: lc}, nil
 	})
-	url := startGateway(t, startEPP(t, d, false), false, gateway.Options{})
+	url := startGateway(t, fixture.ServeExtProc(t, d, false), false, gateway.Options{})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -331,7 +298,7 @@ func TestFallbackOnConnectFailure(t *testing.T) {
 			d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
 				return extproc.Decision{Endpoints: tc.endpoints}, nil
 			})
-			url := startGateway(t, startEPP(t, d, false), false, gateway.Options{})
+			url := startGateway(t, fixture.ServeExtProc(t, d, false), false, gateway.Options{})
 			resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"p":1}`))
 			if err != nil {
 				t.Fatalf("request: %v", err)
@@ -359,7 +326,7 @@ func TestClientGoneWhileQueued(t *testing.T) {
 		ended <- ctx.Err()
 		return extproc.Decision{}, ctx.Err()
 	})
-	url := startGateway(t, startEPP(t, d, false), false, gateway.Options{})
+	url := startGateway(t, fixture.ServeExtProc(t, d, false), false, gateway.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
@@ -392,7 +359,7 @@ func TestTimeoutAndPickerDown(t *testing.T) {
 		wantStatus int
 		wantReason string
 	}{
-		{name: "queued past the timeout", epp: func(t *testing.T) string { return startEPP(t, blocking, false) },
+		{name: "queued past the timeout", epp: func(t *testing.T) string { return fixture.ServeExtProc(t, blocking, false) },
 			opts: gateway.Options{Timeout: 50 * time.Millisecond}, wantStatus: 504, wantReason: "timeout"},
 		{name: "picker unreachable", epp: func(t *testing.T) string { return deadAddr(t, "127.0.0.1") },
 			wantStatus: 500, wantReason: "ext_proc_error"},

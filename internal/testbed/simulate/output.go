@@ -95,27 +95,10 @@ type FleetInfo struct {
 	Groups  []FleetGroup `json:"groups"`
 }
 
-// FleetGroup is a run of identical servers.
-type FleetGroup struct {
-	Count               int     `json:"count"`
-	MaxNumSeqs          int     `json:"max_num_seqs"`
-	MaxNumBatchedTokens int     `json:"max_num_batched_tokens"`
-	PrefillTokensPerSec float64 `json:"prefill_tokens_per_sec"`
-	TimePerOutputToken  string  `json:"time_per_output_token"`
-	SchedulingPolicy    string  `json:"scheduling_policy"`
-	BlockSize           int     `json:"block_size"`
-	NumGPUBlocks        int     `json:"num_gpu_blocks"`
-	EnablePrefixCaching bool    `json:"enable_prefix_caching"`
-}
-
 func fleetInfo(f *Fleet) FleetInfo {
 	fi := FleetInfo{Servers: len(f.Servers)}
 	for _, s := range f.Servers {
-		e := s.Engine
-		g := FleetGroup{Count: 1, MaxNumSeqs: e.MaxNumSeqs, MaxNumBatchedTokens: e.MaxNumBatchedTokens,
-			PrefillTokensPerSec: e.PrefillTokensPerSec, TimePerOutputToken: e.TimePerOutputToken.String(),
-			SchedulingPolicy: e.SchedulingPolicy, BlockSize: e.BlockSize, NumGPUBlocks: e.NumGPUBlocks,
-			EnablePrefixCaching: e.EnablePrefixCaching}
+		g := groupOf(s.Engine)
 		if n := len(fi.Groups); n > 0 {
 			last := fi.Groups[n-1]
 			last.Count = 1

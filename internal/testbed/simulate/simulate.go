@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/laneway-dev/laneway/internal/testbed/report"
 	"github.com/laneway-dev/laneway/pkg/engine"
 )
 
@@ -132,8 +133,10 @@ func (c *Config) Options() Options {
 		PrefixCacheTTL: c.PrefixCacheTTL}
 }
 
-// RunAll simulates every policy of s and summarizes them; progress, when
-// not nil, receives the progress bar.
+// RunAll simulates every policy of s and summarizes them; progressTo, when
+// not nil, receives each run's progress (report.Progress: a bar on a
+// terminal, a line at every 10% elsewhere, nothing for a run shorter than
+// a second).
 func RunAll(s *Setup, opts Options, progressTo io.Writer) ([]*Result, *Summary, error) {
 	sum := &Summary{
 		Trace: TraceInfo{Source: s.Trace.Source, Requests: len(s.Trace.Requests), SpanS: s.Trace.Span().Seconds(), Tenants: s.Trace.Tenants()},
@@ -142,11 +145,11 @@ func RunAll(s *Setup, opts Options, progressTo io.Writer) ([]*Result, *Summary, 
 	}
 	var results []*Result
 	for _, p := range s.Policies {
-		bar := newProgress(progressTo, p.Name)
+		bar := report.NewProgress(progressTo, p.Name)
 		o := opts
-		o.Progress = bar.update
+		o.Progress = bar.Update
 		res, err := Run(s.Trace, s.Fleet, p, o)
-		bar.finish()
+		bar.Finish()
 		if err != nil {
 			return nil, nil, err
 		}
