@@ -197,7 +197,7 @@ func (c *Core) Admit(now int64, r *Request) {
 		return
 	}
 	hashes := c.cacheableBlocks(t)
-	s := c.candidates(now, r, hashes)
+	s := c.candidates(now, r, hashes, noClass)
 	if len(hashes) > 0 {
 		t.Cached = s.best
 	}
@@ -270,8 +270,7 @@ func (c *Core) Drain(now int64) []Leave {
 		case drr.Dispatch:
 			// The endpoints changed since admission: a fresh walk, with
 			// the prefix overlap the pick ranks by.
-			s := c.candidates(now, r, c.cacheableBlocks(r.Ticket))
-			c.judge(s, r.Ticket.Class)
+			s := c.candidates(now, r, c.cacheableBlocks(r.Ticket), r.Ticket.Class)
 			c.grant(now, r, true, s)
 		case drr.Expired:
 			cfg := c.pol.Classes[it.Class]
@@ -281,7 +280,7 @@ func (c *Core) Drain(now int64) []Leave {
 				Budget: cfg.WaitBudget,
 			}, ReasonShed)
 		case drr.NoRoute:
-			c.reject(r, c.noEndpoint(r, c.candidates(now, r, nil)), ReasonNoEndpoints)
+			c.reject(r, c.noEndpoint(r, c.candidates(now, r, nil, noClass)), ReasonNoEndpoints)
 		}
 	}
 	out := c.out

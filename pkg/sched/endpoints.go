@@ -220,14 +220,22 @@ type candidateSet struct {
 // prefix overlap when hashes is not empty, and records what the filters
 // dropped. Eligibility is the same for queued and direct requests: a live
 // endpoint, inside the request's data-parallel ranks, past the overload
-// filter, not tainted unless the request is pinned to it. The set stays
-// valid until the next walk. O(|allow|) with a subset hint, else O(E),
-// plus the index's overlap per candidate.
-func (c *Core) candidates(now int64, r *Request, hashes []uint64) *candidateSet {
+// filter, not tainted unless the request is pinned to it.
+//
+// With a class index each candidate is judged for it on the way (see
+// judge); admission passes noClass, as its class depends on the set's
+// cached tokens, and judges once it has resolved it. The set stays valid until
+// the next walk. O(|allow|) with a subset hint, else O(E), plus the
+// index's overlap per candidate.
+func (c *Core) candidates(now int64, r *Request, hashes []uint64, class int) *candidateSet {
 	s := &c.set
 	*s = candidateSet{eps: s.eps[:0]}
 	t := r.Ticket
 	pinned := r.pinned != drr.NoEndpoint
+	var rule *policy.BusyTest
+	if class != noClass {
+		rule = &c.pol.Busy[class]
+	}
 	n := len(c.reg.live)
 	if r.allow != nil {
 		n = len(r.allow)
@@ -250,12 +258,18 @@ func (c *Core) candidates(now int64, r *Request, hashes []uint64) *candidateSet 
 		if e.tainted && !pinned {
 			continue
 		}
-		var cached uint64
+		x := candidate{e: e}
 		if len(hashes) > 0 {
-			cached = cachedTokens(c.index.Overlap(int(e.id), hashes, now), t)
-			s.best = max(s.best, cached)
+			x.cached = cachedTokens(c.index.Overlap(int(e.id), hashes, now), t)
+			s.best = max(s.best, x.cached)
 		}
-		s.eps = append(s.eps, candidate{e: e, cached: cached})
+		if rule != nil {
+			x.busy = e.busyUnder(rule)
+			if x.busy {
+				s.busy++
+			}
+		}
+		s.eps = append(s.eps, x)
 	}
 	return s
 }
@@ -271,24 +285,38 @@ func (c *Core) overloaded(e *endpoint) bool {
 	return c.opts.MaxEngineQueue > 0 && !e.stale && e.waiting > c.opts.MaxEngineQueue
 }
 
+// noClass is the class argument of a walk whose class is not known yet.
+const noClass = -1
+
 // busy is the class's busy test (SPEC §5) on the endpoint's prefill load,
 // ours plus the unseen estimate; an endpoint with stale metrics is busy.
 func (c *Core) busy(e *endpoint, class int) bool {
-	return e.stale || c.pol.Busy[class].EndpointBusy(e.load(), e.maxBatched)
+	return e.busyUnder(&c.pol.Busy[class])
 }
 
-// judge is the busy test of SPEC §5 over a candidate set: it marks each
-// candidate busy or not for the class (what the pick then reads) and
-// returns the shared verdict.
+// busyUnder is the busy test under one class's rule (see busy).
+func (e *endpoint) busyUnder(rule *policy.BusyTest) bool {
+	return e.stale || rule.EndpointBusy(e.load(), e.maxBatched)
+}
+
+// judge is the busy test of SPEC §5 over a candidate set walked without
+// a class: it marks each candidate busy or not for class (what the pick
+// then reads) and returns the shared verdict.
 func (c *Core) judge(s *candidateSet, class int) drr.Verdict {
 	s.busy = 0
+	rule := &c.pol.Busy[class]
 	for i := range s.eps {
 		x := &s.eps[i]
-		x.busy = c.busy(x.e, class)
+		x.busy = x.e.busyUnder(rule)
 		if x.busy {
 			s.busy++
 		}
 	}
+	return c.verdict(s, class)
+}
+
+// verdict is the shared verdict of a judged candidate set.
+func (c *Core) verdict(s *candidateSet, class int) drr.Verdict {
 	if len(s.eps) == 0 {
 		return drr.Unroutable
 	}
@@ -321,7 +349,7 @@ type prober struct{ c *Core }
 // Shared judges a queued head on a fresh walk: the endpoints changed since
 // it was admitted. No prefix snapshot: the verdict does not read it.
 func (p prober) Shared(class int, it *drr.Item) drr.Verdict {
-	return p.c.judge(p.c.candidates(0, it.Payload.(*Request), nil), class)
+	return p.c.verdict(p.c.candidates(0, it.Payload.(*Request), nil, class), class)
 }
 
 func (p prober) Lane(class int, ep drr.EndpointID) drr.Verdict {
