@@ -190,11 +190,14 @@ func appendUnique(eps []*endpoint, e *endpoint) []*endpoint {
 
 // candidate is one endpoint a request may go to now, as the walk that
 // found it saw it: the prompt tokens it probably has cached (0 without a
-// prefix snapshot) and whether it is busy for the class judged.
+// prefix snapshot) and whether it is busy for the class judged. It names
+// the endpoint by id: a candidate is live, and no SetEndpoints comes
+// between a walk and the decision that reads it, so c.reg.eps[id] is the
+// endpoint (and the set holds no pointer for the collector to scan).
 type candidate struct {
-	e      *endpoint
-	cached uint64
+	id     drr.EndpointID
 	busy   bool
+	cached uint64
 }
 
 // candidateSet is what one walk over a request's endpoints found: the
@@ -224,30 +227,39 @@ type candidateSet struct {
 //
 // With a class index each candidate is judged for it on the way (see
 // judge); admission passes noClass, as its class depends on the set's
-// cached tokens, and judges once it has resolved it. The set stays valid until
-// the next walk. O(|allow|) with a subset hint, else O(E), plus the
+// cached tokens, and judges once it has resolved it. The set stays valid
+// until the next walk. O(|allow|) with a subset hint, else O(E), plus the
 // index's overlap per candidate.
 func (c *Core) candidates(now int64, r *Request, hashes []uint64, class int) *candidateSet {
-	s := &c.set
-	*s = candidateSet{eps: s.eps[:0]}
-	t := r.Ticket
-	pinned := r.pinned != drr.NoEndpoint
 	var rule *policy.BusyTest
 	if class != noClass {
 		rule = &c.pol.Busy[class]
 	}
-	n := len(c.reg.live)
-	if r.allow != nil {
-		n = len(r.allow)
-	}
-	for i := range n {
-		var e *endpoint
-		if r.allow != nil {
-			e = r.allow[i]
-		} else {
-			e = c.reg.eps[c.reg.live[i]]
+	s := &c.set
+	c.walk(s, r, rule)
+	if len(hashes) > 0 {
+		t := r.Ticket
+		for i := range s.eps {
+			x := &s.eps[i]
+			x.cached = cachedTokens(c.index.Overlap(int(x.id), hashes, now), t)
+			s.best = max(s.best, x.cached)
 		}
-		if e.removed || !inRanks(e, t) {
+	}
+	return s
+}
+
+// walk is candidates' loop over the endpoints, without the overlaps. It
+// runs per endpoint on every admission and every probe of a queued head,
+// so it is a function of its own with no call on its path (append grows
+// the scratch only while it is new): a call in the loop, such as the
+// index's, makes the compiler spill its registers on every endpoint.
+func (c *Core) walk(s *candidateSet, r *Request, rule *policy.BusyTest) {
+	s.eps = s.eps[:0]
+	s.best, s.busy, s.ranked, s.overloaded = 0, 0, false, false
+	pinned := r.pinned != drr.NoEndpoint
+	for i, n := 0, c.numCandidates(r); i < n; i++ {
+		e := c.candidateAt(r, i)
+		if e.removed || !inRanks(e, r.Ticket) {
 			continue
 		}
 		s.ranked = true
@@ -258,20 +270,29 @@ func (c *Core) candidates(now int64, r *Request, hashes []uint64, class int) *ca
 		if e.tainted && !pinned {
 			continue
 		}
-		x := candidate{e: e}
-		if len(hashes) > 0 {
-			x.cached = cachedTokens(c.index.Overlap(int(e.id), hashes, now), t)
-			s.best = max(s.best, x.cached)
-		}
-		if rule != nil {
-			x.busy = e.busyUnder(rule)
-			if x.busy {
-				s.busy++
-			}
+		x := candidate{id: e.id}
+		if rule != nil && e.busyUnder(rule) {
+			x.busy = true
+			s.busy++
 		}
 		s.eps = append(s.eps, x)
 	}
-	return s
+}
+
+// numCandidates and candidateAt index the endpoints a request may go to:
+// its allow-list, or every live endpoint.
+func (c *Core) numCandidates(r *Request) int {
+	if r.allow != nil {
+		return len(r.allow)
+	}
+	return len(c.reg.live)
+}
+
+func (c *Core) candidateAt(r *Request, i int) *endpoint {
+	if r.allow != nil {
+		return r.allow[i]
+	}
+	return c.reg.eps[c.reg.live[i]]
 }
 
 func inRanks(e *endpoint, t *Ticket) bool {
@@ -307,7 +328,7 @@ func (c *Core) judge(s *candidateSet, class int) drr.Verdict {
 	rule := &c.pol.Busy[class]
 	for i := range s.eps {
 		x := &s.eps[i]
-		x.busy = x.e.busyUnder(rule)
+		x.busy = c.reg.eps[x.id].busyUnder(rule)
 		if x.busy {
 			s.busy++
 		}

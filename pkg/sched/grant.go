@@ -106,7 +106,7 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	}
 	c.cands = c.cands[:0]
 	for _, x := range s.eps {
-		e := x.e
+		e := c.reg.eps[x.id]
 		c.cands = append(c.cands, Candidate{
 			ID:            e.id,
 			Addr:          e.addr,
