@@ -75,19 +75,14 @@ type Core struct {
 	// buffer handed out by the previous Drain, reused by the next one.
 	out, outSpare []Leave
 
-	cands []Candidate // scratch for picks
-	order []int       // scratch for picks
+	set   candidateSet // scratch: the last walk's candidates (candidates)
+	cands []Candidate  // scratch for picks: the set as the Chooser sees it
+	order []int        // scratch for picks
 
-	// The prefix-cache index and the cost snapshot's per-endpoint
-	// overlaps, kept for a grant in the same call (overlapFor).
-	index      *affinity.Index // nil: no prefix index
-	indexGen   uint64          // bumped by every Record
-	overlap    []int           // by EndpointID: blocks cached, valid for overlapFor at overlapGen
-	overlapFor *Request
-	overlapGen uint64
-	baseBS     int    // PrefixOptions.BlockSize
-	hashBS     int    // the block size parsers should hash at
-	meanPrompt uint64 // moving mean of dispatched uncached tokens
+	index      *affinity.Index // the prefix-cache index; nil: none
+	baseBS     int             // PrefixOptions.BlockSize
+	hashBS     int             // the block size parsers should hash at
+	meanPrompt uint64          // moving mean of dispatched uncached tokens
 }
 
 // Request is one request inside the core, from Admit until its Leave. The
@@ -177,10 +172,15 @@ func (c *Core) ClassName(i int) string {
 	return ""
 }
 
-// Admit takes a new request at now: it resolves the class and the cost
-// snapshot (SPEC §1, §2), applies eligibility and admission (SPEC §5), and
-// either decides it at once (a grant or an error, both in the next Drain's
-// Leaves) or queues it. r must be fresh (Reset).
+// Admit takes a new request at now: it takes the cost snapshot and
+// resolves the class (SPEC §1, §2), applies eligibility and admission
+// (SPEC §5), and either decides it at once (a grant or an error, both in
+// the next Drain's Leaves) or queues it. r must be fresh (Reset).
+//
+// One walk over the request's endpoints builds its candidate set
+// (eligibility and prefix overlap); the class is resolved once, after the
+// snapshot, since the cached tokens pick the cache bucket; the busy test,
+// the verdict and a direct grant's pick all read that same set.
 func (c *Core) Admit(now int64, r *Request) {
 	if r.state != stateNew {
 		panic("sched: Admit of a request already admitted")
@@ -190,18 +190,21 @@ func (c *Core) Admit(now int64, r *Request) {
 		return
 	}
 	t := r.Ticket
-	c.pol.entitle(t)
-	t.Class = c.pol.resolve(t)
+	c.pol.entitle(t) // resolution reads the tenant's rights
 	if err := c.resolveAllow(r); err != nil {
+		t.Class = c.pol.resolve(t) // the answer names a class
 		c.reject(r, err, ReasonNoEndpoints)
 		return
 	}
-	if c.snapshotCached(now, r) {
-		t.Class = c.pol.resolve(t) // the cached tokens pick the cache bucket
+	hashes := c.cacheableBlocks(t)
+	s := c.candidates(now, r, hashes, noClass)
+	if len(hashes) > 0 {
+		t.Cached = s.best
 	}
-	v := c.judge(t.Class, r)
+	t.Class = c.pol.resolve(t)
+	v := c.judge(s, t.Class)
 	if v == drr.Unroutable {
-		c.reject(r, c.noEndpoint(r), ReasonNoEndpoints)
+		c.reject(r, c.noEndpoint(r, s), ReasonNoEndpoints)
 		return
 	}
 	r.arrival = now
@@ -225,7 +228,7 @@ func (c *Core) Admit(now int64, r *Request) {
 		return
 	}
 	if item == nil {
-		c.grant(now, r, false)
+		c.grant(now, r, false, s)
 		return
 	}
 	r.item = item
@@ -265,7 +268,10 @@ func (c *Core) Drain(now int64) []Leave {
 		r.item = nil
 		switch out {
 		case drr.Dispatch:
-			c.grant(now, r, true)
+			// The endpoints changed since admission: a fresh walk, with
+			// the prefix overlap the pick ranks by.
+			s := c.candidates(now, r, c.cacheableBlocks(r.Ticket), r.Ticket.Class)
+			c.grant(now, r, true, s)
 		case drr.Expired:
 			cfg := c.pol.Classes[it.Class]
 			c.reject(r, &ShedError{
@@ -274,7 +280,7 @@ func (c *Core) Drain(now int64) []Leave {
 				Budget: cfg.WaitBudget,
 			}, ReasonShed)
 		case drr.NoRoute:
-			c.reject(r, c.noEndpoint(r), ReasonNoEndpoints)
+			c.reject(r, c.noEndpoint(r, c.candidates(now, r, nil, noClass)), ReasonNoEndpoints)
 		}
 	}
 	out := c.out
@@ -289,9 +295,6 @@ func (c *Core) leave(r *Request, l Leave) {
 		panic("sched: a request left twice")
 	}
 	r.state = stateLeft
-	if c.overlapFor == r {
-		c.overlapFor = nil // the driver may recycle r now
-	}
 	l.Req = r
 	l.Class = c.ClassName(r.Ticket.Class)
 	l.Tenant = r.Ticket.Rights.Name

@@ -96,44 +96,28 @@ func (c *Core) prefillDone(g *Grant) {
 	}
 }
 
-// grant picks the endpoint(s) for r, charges the pick and records the
-// decision (SPEC §5 pick and charge).
-func (c *Core) grant(now int64, r *Request, queued bool) {
+// grant picks the endpoint(s) for r from its judged candidate set s,
+// charges the pick and records the decision (SPEC §5 pick and charge).
+func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	t := r.Ticket
+	if len(s.eps) == 0 {
+		c.reject(r, c.noEndpoint(r, s), ReasonNoEndpoints)
+		return
+	}
 	c.cands = c.cands[:0]
-	reuse := c.overlapFor == r && c.overlapGen == c.indexGen
-	hashes := c.cacheableBlocks(t)
-	for i, n := 0, c.numCandidates(r); i < n; i++ {
-		e := c.candidateAt(r, i)
-		if !c.eligible(e, r) {
-			continue
-		}
-		var cached uint64
-		if len(hashes) > 0 {
-			blocks := 0
-			if reuse {
-				blocks = c.overlap[e.id]
-			} else {
-				blocks = c.index.Overlap(int(e.id), hashes, now)
-			}
-			cached = cachedTokens(blocks, t)
-		}
+	for _, x := range s.eps {
+		e := c.reg.eps[x.id]
 		c.cands = append(c.cands, Candidate{
 			ID:            e.id,
 			Addr:          e.addr,
 			ActivePrefill: e.activePrefill,
 			InFlight:      e.inFlight,
-			Busy:          c.busy(e, t.Class),
+			Busy:          x.busy,
 			Stale:         e.stale,
-			CachedTokens:  cached,
+			CachedTokens:  x.cached,
 			UnseenPrefill: e.unseenPrefill,
 			Decoding:      max(e.decoding, e.running),
 		})
-	}
-	c.overlapFor = nil
-	if len(c.cands) == 0 {
-		c.reject(r, c.noEndpoint(r), ReasonNoEndpoints)
-		return
 	}
 	c.order = c.opts.Chooser.Choose(t, c.cands, c.order[:0])
 	n := min(1+c.opts.MaxFallbacks, len(c.order))
@@ -154,7 +138,6 @@ func (c *Core) grant(now int64, r *Request, queued bool) {
 	c.q.EndpointChanged(e.id)
 	if c.index != nil && len(t.Blocks) > 0 && t.BlockSize > 0 {
 		c.index.Record(int(e.id), t.Blocks, t.BlockSize, now)
-		c.indexGen++
 	}
 	// The unseen-load estimate: a moving mean (1/16) of what we dispatch.
 	c.meanPrompt = c.meanPrompt - c.meanPrompt/16 + g.prefill/16

@@ -6,7 +6,9 @@ import (
 )
 
 // This file holds the endpoint intelligence besides the core's own
-// accounting: the prefix index's cost snapshot and scraped metrics.
+// accounting: the prefix index's side of the cost snapshot (which blocks
+// count, blocks to tokens; the walk that takes it is candidates) and
+// scraped metrics.
 
 // cacheableBlocks is the part of the ticket's block hashes an engine can
 // serve from cache: never the block holding the last prompt token, which
@@ -24,34 +26,6 @@ func (c *Core) cacheableBlocks(t *Ticket) []uint64 {
 // §1, clamped to the prompt.
 func cachedTokens(blocks int, t *Ticket) uint64 {
 	return min(uint64(blocks)*uint64(t.BlockSize), t.RawISL)
-}
-
-// snapshotCached sets the ticket's Cached to the best prefix overlap over
-// its eligible endpoints (the pinned one for a pinned request), SPEC §1,
-// and keeps the per-endpoint overlaps for a grant in the same call. It
-// reports whether Cached is non-zero (the class must be resolved again).
-func (c *Core) snapshotCached(now int64, r *Request) bool {
-	t := r.Ticket
-	hashes := c.cacheableBlocks(t)
-	if len(hashes) == 0 {
-		return false
-	}
-	if len(c.overlap) < len(c.reg.eps) {
-		c.overlap = make([]int, len(c.reg.eps))
-	}
-	best := 0
-	for i, n := 0, c.numCandidates(r); i < n; i++ {
-		e := c.candidateAt(r, i)
-		if !c.eligible(e, r) {
-			continue
-		}
-		blocks := c.index.Overlap(int(e.id), hashes, now)
-		c.overlap[e.id] = blocks
-		best = max(best, blocks)
-	}
-	c.overlapFor, c.overlapGen = r, c.indexGen
-	t.Cached = cachedTokens(best, t)
-	return t.Cached > 0
 }
 
 // SetMetrics applies one scrape of the endpoint at addr (fresh metrics,

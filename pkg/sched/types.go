@@ -18,7 +18,7 @@ type Policy struct {
 	// Resolve maps a ticket to an index of Classes. It runs on the core's
 	// goroutine, also for queued tickets when the policy changes, so it must
 	// be fast and must not block. An index out of range means class 0. It
-	// runs after Grant, so it may read t.Grant.
+	// runs after Rights, so it may read t.Rights.
 	Resolve func(t *Ticket) int
 	// Rights, when set, resolves a ticket's tenant (SPEC §14): its queue
 	// identity, weight and limits, its allowed classes and hint caps. Nil:
