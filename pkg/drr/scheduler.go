@@ -123,19 +123,17 @@ func (s *Scheduler) NumClasses() int { return len(s.classes) }
 // Class returns the configuration of class i (ring order).
 func (s *Scheduler) Class(i int) ClassConfig { return s.classes[i].cfg }
 
-// Offer admits a request of no tenant: OfferTenant with the zero Tenant.
-func (s *Scheduler) Offer(r Request, endpoints int, allBusy bool) (*Item, error) {
-	return s.OfferTenant(r, Tenant{}, endpoints, allBusy)
-}
-
-// OfferTenant admits a request of tenant t (SPEC §5). It returns (nil, nil)
+// Offer admits a request of tenant t (SPEC §5). It returns (nil, nil)
 // when the request should be dispatched directly (its class does not queue,
 // or the class has no backlog and allBusy is false); an Item when it was
 // queued; or a *Rejection when a queue limit is reached: the class's,
 // scaled by endpoints, then the tenant's own, then the class's tenant
 // bound. allBusy is the caller's busy test over the request's eligible
 // endpoints. A class index out of range is an error (not a *Rejection).
-func (s *Scheduler) OfferTenant(r Request, t Tenant, endpoints int, allBusy bool) (*Item, error) {
+//
+// The zero Tenant is no tenant: a class keeps no per-tenant state for it
+// unless the class is tenant-fair, where it is the anonymous tenant.
+func (s *Scheduler) Offer(r Request, t Tenant, endpoints int, allBusy bool) (*Item, error) {
 	if r.Class < 0 || int(r.Class) >= len(s.classes) {
 		return nil, fmt.Errorf("drr: offer: class index %d out of range [0,%d)", r.Class, len(s.classes))
 	}
@@ -622,31 +620,20 @@ func (s *Scheduler) NextExpiry() (at int64, ok bool) {
 }
 
 // SetClasses replaces the class set without losing or reordering queued
-// requests; each keeps its tenant (SetClassesTenants can change it). classify maps each queued item to its class index in the new
-// set (the scheduler then keeps its arrival order); classes that keep their
-// name keep their deficit. A nil classify keeps every item's index. On
-// error (invalid config, index out of range) nothing changes.
+// requests. classify gives each queued item its class index in the new set
+// (the scheduler then keeps its arrival order) and its tenant there: a
+// changed weight or limit, a new name, or it.Tenant() to keep the one it
+// has. classify may also change the item's Priority and StrictPriority (a
+// new cap): items are ordered again from their Request. Classes that keep
+// their name keep their deficit; tenant DRR credit restarts from zero (it
+// belongs to the old ring). On error (invalid config, index out of range)
+// nothing changes.
 //
 // Items are re-keyed under their new class's policy; their arrival
 // sequence, the final tie breaker, is kept. Cached lane verdicts are
 // dropped. The cursor stays on its class if that name survives, else it
 // restarts at 0. Queue limits are not re-applied to queued items.
-func (s *Scheduler) SetClasses(classes []ClassConfig, classify func(*Item) int) error {
-	return s.SetClassesTenants(classes, func(it *Item) (int, Tenant) {
-		ci := int(it.Class)
-		if classify != nil {
-			ci = classify(it)
-		}
-		return ci, it.Tenant()
-	})
-}
-
-// SetClassesTenants is SetClasses where classify also gives each queued
-// item its tenant in the new set (a changed weight or limit, a new name).
-// classify may also change the item's Priority and StrictPriority (a new
-// cap): items are ordered again from their Request. Tenant DRR credit
-// restarts from zero: it belongs to the old ring.
-func (s *Scheduler) SetClassesTenants(classes []ClassConfig, classify func(*Item) (int, Tenant)) error {
+func (s *Scheduler) SetClasses(classes []ClassConfig, classify func(*Item) (int, Tenant)) error {
 	cs, err := buildClasses(classes)
 	if err != nil {
 		return fmt.Errorf("drr: set classes: %w", err)
