@@ -152,12 +152,12 @@ func TestEmptyTenantHoldsNothing(t *testing.T) {
 	}
 	s.Remove(a)
 	c := s.classes[0]
-	if n := s.Stats()[0].Tenants; n != 1 || c.tenants["a"] != nil || len(c.tq) != 1 {
-		t.Fatalf("after a left: %d tenants, a = %v, heap %d; want only b", n, c.tenants["a"], len(c.tq))
+	if n := s.Stats()[0].Tenants; n != 1 || c.tenants["a"] != nil || c.tq.Len() != 1 {
+		t.Fatalf("after a left: %d tenants, a = %v, heap %d; want only b", n, c.tenants["a"], c.tq.Len())
 	}
 	s.Pop(0, newProbe())
-	if len(c.tenants) != 0 || len(c.tq) != 0 || len(c.rounds) != 0 {
-		t.Fatalf("empty class keeps %d tenants, heap %d, %d cursors", len(c.tenants), len(c.tq), len(c.rounds))
+	if len(c.tenants) != 0 || c.tq.Len() != 0 || len(c.rounds) != 0 {
+		t.Fatalf("empty class keeps %d tenants, heap %d, %d cursors", len(c.tenants), c.tq.Len(), len(c.rounds))
 	}
 }
 
