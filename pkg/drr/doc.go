@@ -38,5 +38,5 @@
 // classes, L lanes probed and T backlogged tenants of the dispatching
 // class, independent of request cost and quantum (oversized heads get bulk
 // virtual rounds rather than one scan per round). An active tenant costs
-// about 230 bytes beyond its requests (BenchmarkMemoryPerTenant).
+// about 245 bytes beyond its requests (BenchmarkMemoryPerTenant).
 package drr

@@ -10,8 +10,9 @@ import (
 // The package's three heaps (the items of a lane, the candidate index of a
 // class, the tenant ring of a tenant-fair class) are iheap.Heaps: generic,
 // so no push or pop boxes through an interface (container/heap would, and
-// the hot path of Pop must not allocate), and items keep their position
-// for Remove and Fix.
+// the hot path of Pop must not allocate), and intrusive: items, lanes and
+// tenants keep their position (idx, hidx, tidx), which the heap stores
+// directly, for Remove and a changed head.
 //
 // Every heap entry carries a 64-bit prefix of its item's order key next to
 // the pointer, so most comparisons read only the entry array and never
@@ -78,11 +79,9 @@ type epState struct {
 	parked []*lane
 }
 
-// newItemHeap returns an empty heap of items by hotKey, then before; each
-// item keeps its position in idx.
-func newItemHeap() iheap.Heap[*Item] { return iheap.New(before, setItemIdx) }
-
-func setItemIdx(it *Item, i int) { it.idx = int32(i) }
+// newItemHeap returns an empty heap of items by hotKey, then before. Each
+// item keeps its position in idx (push hands the heap &it.idx).
+func newItemHeap() iheap.Heap[*Item] { return iheap.New(before) }
 
 // verdictCached reports whether the lane holds a Ready verdict taken since
 // the last EndpointChanged of its endpoint.
@@ -104,7 +103,7 @@ func (l *lane) appendItems(out []*Item) []*Item {
 
 func (l *lane) push(it *Item) {
 	it.home = l
-	l.h.Push(hotKey(it), it)
+	l.h.Push(hotKey(it), it, &it.idx)
 }
 
 // removeAt takes the item at position i out of the heap.
@@ -121,13 +120,11 @@ const shrinkMinCap = 1024
 // known to be blocked, ordered by their heads. Each entry's key is its
 // head's key prefix, so that sifts rarely dereference lanes.
 
-func newCandHeap() iheap.Heap[*lane] { return iheap.New(candLess, setLaneIdx) }
+func newCandHeap() iheap.Heap[*lane] { return iheap.New(candLess) }
 
 func candLess(a, b *lane) bool { return before(a.head(), b.head()) }
 
-func setLaneIdx(l *lane, i int) { l.hidx = int32(i) }
-
-func (c *class) candPush(l *lane) { c.cand.Push(l.h.Key(0), l) }
+func (c *class) candPush(l *lane) { c.cand.Push(l.h.Key(0), l, &l.hidx) }
 
 func (c *class) candRemoveAt(i int) { c.cand.Remove(i) }
 

@@ -241,9 +241,7 @@ func (c *class) recycleTenant(t *tenant) {
 // The tenant heap: backlogged tenants of a tenant-fair class by head tier
 // (higher first), affordable round and ring position.
 
-func newTenantHeap() iheap.Heap[*tenant] { return iheap.New(tenLess, setTenantIdx) }
-
-func setTenantIdx(t *tenant, i int) { t.tidx = int32(i) }
+func newTenantHeap() iheap.Heap[*tenant] { return iheap.New(tenLess) }
 
 // tenKey is a prefix of tenLess's order (tenKey(a) < tenKey(b) implies
 // tenLess(a, b)), exact while rounds and positions stay below 2^30: the
@@ -276,7 +274,7 @@ func tenLess(a, b *tenant) bool {
 	return a.pos < b.pos
 }
 
-func (c *class) tenPush(t *tenant) { c.tq.Push(tenKey(t), t) }
+func (c *class) tenPush(t *tenant) { c.tq.Push(tenKey(t), t, &t.tidx) }
 
 func (c *class) tenRemoveAt(i int) { c.tq.Remove(i) }
 

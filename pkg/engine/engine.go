@@ -139,7 +139,7 @@ type step struct {
 // ties go to the earlier admission. Entries of aborted requests stay until
 // popped.
 
-func newFinishHeap() iheap.Heap[*Seq] { return iheap.New(admittedFirst, nil) }
+func newFinishHeap() iheap.Heap[*Seq] { return iheap.New(admittedFirst) }
 
 func admittedFirst(a, b *Seq) bool { return a.admitted < b.admitted }
 
@@ -352,7 +352,7 @@ func (e *Engine) Advance(now int64, out []Event) []Event {
 		s.state = Decoding
 		s.firstStep = e.steps
 		e.decoding++
-		e.fin.Push(finishKey(e.steps+int64(s.MaxTokens)-1), s)
+		e.fin.Push(finishKey(e.steps+int64(s.MaxTokens)-1), s, nil)
 	}
 	clear(c.chunks)
 	c.chunks = c.chunks[:0]

@@ -20,7 +20,7 @@ func TestFinishHeapConformance(t *testing.T) {
 type finishAdapter struct{ e *Engine }
 
 func (a *finishAdapter) Push(id, rank int) {
-	a.e.fin.Push(finishKey(int64(rank)), &Seq{admitted: uint64(id)})
+	a.e.fin.Push(finishKey(int64(rank)), &Seq{admitted: uint64(id)}, nil)
 }
 
 func (a *finishAdapter) Pop() int     { return int(a.e.fin.Pop().admitted) }

@@ -4,28 +4,25 @@ package iheap
 // less (see the package documentation). The zero Heap is not usable: make
 // one with New.
 type Heap[T any] struct {
-	entries  []entry[T]
-	less     func(a, b T) bool
-	setIndex func(x T, i int)
+	entries []entry[T]
+	less    func(a, b T) bool
 }
 
-// entry is one heap slot: the item and its key, side by side so that a
-// comparison of different keys reads the slot array only.
+// entry is one heap slot: the key, the item, and where the item keeps its
+// position (nil when it keeps none), side by side so that a comparison of
+// different keys reads the slot array only and a move records the new
+// position with a plain store.
 type entry[T any] struct {
 	key  uint64
 	item T
+	pos  *int32
 }
 
-// New returns an empty heap. less orders items of equal keys and must not
-// be nil; setIndex, if not nil, is told every item's position as it
-// changes, and -1 when the item leaves the heap.
-//
-// The two functions are plain fields rather than methods of a type
-// parameter: Go calls a type parameter's methods through the generic
-// code's dictionary, which measured slower than calling a func value.
-func New[T any](less func(a, b T) bool, setIndex func(x T, i int)) Heap[T] {
-	return Heap[T]{less: less, setIndex: setIndex}
-}
+// New returns an empty heap; less orders items of equal keys and must not
+// be nil. It is a func value rather than a method of a type parameter:
+// Go calls both indirectly from generic code, and the method, through the
+// generic code's dictionary, measured slower.
+func New[T any](less func(a, b T) bool) Heap[T] { return Heap[T]{less: less} }
 
 // Len returns the number of items in the heap.
 func (h *Heap[T]) Len() int { return len(h.entries) }
@@ -39,11 +36,38 @@ func (h *Heap[T]) Key(i int) uint64 { return h.entries[i].key }
 // Cap returns the number of items the heap holds without growing.
 func (h *Heap[T]) Cap() int { return cap(h.entries) }
 
-// Push adds x with the given key.
-func (h *Heap[T]) Push(key uint64, x T) {
-	h.entries = append(h.entries, entry[T]{})
-	e := entry[T]{key: key, item: x}
-	h.put(h.up(len(h.entries)-1, &e), &e)
+// Push adds x with the given key. pos, if not nil, is the field in which
+// x keeps its position for Fix and Remove: the heap stores x's position
+// there whenever it changes, and -1 when x leaves.
+func (h *Heap[T]) Push(key uint64, x T, pos *int32) {
+	// The sift up is written out here rather than calling up: Push is the
+	// most frequent call, and the loop keeps key and x in registers.
+	h.entries = append(h.entries, entry[T]{key: key, item: x, pos: pos})
+	s := h.entries
+	n := len(s) - 1
+	j := n
+	for j > 0 {
+		i := (j - 1) / 2
+		p := &s[i]
+		if key != p.key {
+			if key > p.key {
+				break
+			}
+		} else if !h.less(x, p.item) {
+			break
+		}
+		s[j] = *p
+		if p.pos != nil {
+			*p.pos = int32(j)
+		}
+		j = i
+	}
+	if j != n {
+		s[j] = entry[T]{key: key, item: x, pos: pos}
+	}
+	if pos != nil {
+		*pos = int32(j)
+	}
 }
 
 // Pop removes and returns the first item. The heap must not be empty.
@@ -53,19 +77,25 @@ func (h *Heap[T]) Pop() T { return h.Remove(0) }
 func (h *Heap[T]) Remove(i int) T {
 	s := h.entries
 	n := len(s) - 1
-	x := s[i].item
-	last := s[n]
-	s[n] = entry[T]{} // let the item go
-	h.entries = s[:n]
-	if i != n {
+	x, pos := s[i].item, s[i].pos
+	if i == n {
+		s[n] = entry[T]{} // let the item go
+		h.entries = s[:n]
+	} else {
+		last := s[n]
+		s[n] = entry[T]{}
+		h.entries = s[:n]
 		j := h.down(i, &last)
-		if j == i {
+		if j == i && i > 0 {
 			j = h.up(i, &last)
 		}
-		h.put(j, &last)
+		s[j] = last
+		if last.pos != nil {
+			*last.pos = int32(j)
+		}
 	}
-	if h.setIndex != nil {
-		h.setIndex(x, -1)
+	if pos != nil {
+		*pos = -1
 	}
 	return x
 }
@@ -79,11 +109,10 @@ func (h *Heap[T]) Fix(i int, key uint64) {
 	if j == i {
 		j = h.up(i, &e)
 	}
-	if j == i {
-		h.entries[i].key = key // it stays: no position to report
-		return
+	h.entries[j] = e
+	if e.pos != nil {
+		*e.pos = int32(j)
 	}
-	h.put(j, &e)
 }
 
 // Reset empties the heap without telling the items: the caller is done
@@ -108,21 +137,10 @@ func (h *Heap[T]) Compact(minCap int) {
 	}
 }
 
-// before reports whether entry a goes before entry b.
-func (h *Heap[T]) before(a, b *entry[T]) bool {
-	if a.key != b.key {
-		return a.key < b.key
-	}
-	return h.less(a.item, b.item)
-}
-
-// put stores e at position i and reports the position.
-func (h *Heap[T]) put(i int, e *entry[T]) {
-	h.entries[i] = *e
-	if h.setIndex != nil {
-		h.setIndex(e.item, i)
-	}
-}
+// The sifts (these two and Push's) spell the order out as nested branches
+// rather than calling a before(a, b) bool: the compiler then jumps on the
+// key comparison directly instead of materialising a boolean and testing
+// it, and the key comparison is most of a sift's work.
 
 // up moves the hole at position j up past the ancestors e goes before and
 // returns where the hole stopped: e's position. It does not store e.
@@ -130,12 +148,17 @@ func (h *Heap[T]) up(j int, e *entry[T]) int {
 	s := h.entries
 	for j > 0 {
 		i := (j - 1) / 2
-		if !h.before(e, &s[i]) {
+		p := &s[i]
+		if e.key != p.key {
+			if e.key > p.key {
+				break
+			}
+		} else if !h.less(e.item, p.item) {
 			break
 		}
-		s[j] = s[i]
-		if h.setIndex != nil {
-			h.setIndex(s[j].item, j)
+		s[j] = *p
+		if p.pos != nil {
+			*p.pos = int32(j)
 		}
 		j = i
 	}
@@ -153,15 +176,26 @@ func (h *Heap[T]) down(i0 int, e *entry[T]) int {
 		if j >= n || j < 0 { // j < 0: int overflow
 			break
 		}
-		if r := j + 1; r < n && h.before(&s[r], &s[j]) {
-			j = r
+		c := &s[j]
+		if r := j + 1; r < n {
+			if d := &s[r]; d.key != c.key {
+				if d.key < c.key {
+					j, c = r, d
+				}
+			} else if h.less(d.item, c.item) {
+				j, c = r, d
+			}
 		}
-		if !h.before(&s[j], e) {
+		if c.key != e.key {
+			if c.key > e.key {
+				break
+			}
+		} else if !h.less(c.item, e.item) {
 			break
 		}
-		s[i] = s[j]
-		if h.setIndex != nil {
-			h.setIndex(s[i].item, i)
+		s[i] = *c
+		if c.pos != nil {
+			*c.pos = int32(i)
 		}
 		i = j
 	}

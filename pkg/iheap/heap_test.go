@@ -13,7 +13,7 @@ import (
 // elem is a test item that records its position.
 type elem struct {
 	id, rank int
-	idx      int
+	idx      int32
 }
 
 // elemKey is a coarse prefix of the order, so that near ranks share a key
@@ -27,8 +27,7 @@ func elemLess(a, b *elem) bool {
 	return a.id < b.id
 }
 
-// plain adapts a bare Heap of *elem: positioned when it has an index
-// setter.
+// plain adapts a bare Heap of *elem whose items keep no position.
 type plain struct {
 	h     iheap.Heap[*elem]
 	elems map[int]*elem
@@ -37,32 +36,37 @@ type plain struct {
 func (p *plain) Push(id, rank int) {
 	e := &elem{id: id, rank: rank, idx: -1}
 	p.elems[id] = e
-	p.h.Push(elemKey(rank), e)
+	p.h.Push(elemKey(rank), e, nil)
 }
 func (p *plain) Pop() int     { return p.h.Pop().id }
 func (p *plain) Len() int     { return p.h.Len() }
 func (p *plain) At(i int) int { return p.h.At(i).id }
 
-// positioned is plain with the index setter.
+// positioned is plain with items that keep their position.
 type positioned struct{ plain }
 
-func (p *positioned) Index(id int) int { return p.elems[id].idx }
+func (p *positioned) Push(id, rank int) {
+	e := &elem{id: id, rank: rank, idx: -1}
+	p.elems[id] = e
+	p.h.Push(elemKey(rank), e, &e.idx)
+}
+func (p *positioned) Index(id int) int { return int(p.elems[id].idx) }
 func (p *positioned) Fix(id, rank int) {
 	e := p.elems[id]
 	e.rank = rank
-	p.h.Fix(e.idx, elemKey(rank))
+	p.h.Fix(int(e.idx), elemKey(rank))
 }
-func (p *positioned) Remove(id int) { p.h.Remove(p.elems[id].idx) }
+func (p *positioned) Remove(id int) { p.h.Remove(int(p.elems[id].idx)) }
 
 func TestConformance(t *testing.T) {
-	t.Run("index setter", func(t *testing.T) {
+	t.Run("positions", func(t *testing.T) {
 		iheaptest.Run(t, func(*testing.T) iheaptest.Adapter {
-			return &positioned{plain{h: iheap.New(elemLess, func(e *elem, i int) { e.idx = i }), elems: map[int]*elem{}}}
+			return &positioned{plain{h: iheap.New(elemLess), elems: map[int]*elem{}}}
 		})
 	})
-	t.Run("no index setter", func(t *testing.T) {
+	t.Run("no positions", func(t *testing.T) {
 		iheaptest.Run(t, func(*testing.T) iheaptest.Adapter {
-			return &plain{h: iheap.New(elemLess, nil), elems: map[int]*elem{}}
+			return &plain{h: iheap.New(elemLess), elems: map[int]*elem{}}
 		})
 	})
 }
@@ -72,9 +76,9 @@ func TestConformance(t *testing.T) {
 // order right).
 func TestKeyOrdersFirst(t *testing.T) {
 	calls := 0
-	h := iheap.New(func(a, b int) bool { calls++; return a > b }, nil) // less: descending
+	h := iheap.New(func(a, b int) bool { calls++; return a > b }) // less: descending
 	for i, k := range []uint64{3, 1, 2, 1, 3, 2} {
-		h.Push(k, i)
+		h.Push(k, i, nil)
 	}
 	var got []int
 	for h.Len() > 0 {
@@ -94,13 +98,13 @@ func TestKeyOrdersFirst(t *testing.T) {
 // equal keys, and less says "not before" both ways) break the same way.
 func TestSameLayoutAsSwapSifts(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	h := iheap.New(func(a, b int) bool { return false }, nil)
+	h := iheap.New(func(a, b int) bool { return false })
 	var ref swapHeap
 	for step := range 5000 {
 		switch k := rng.IntN(4); {
 		case k < 2 || ref.len() == 0:
 			key := uint64(rng.IntN(8))
-			h.Push(key, step)
+			h.Push(key, step, nil)
 			ref.push(key, step)
 		case k == 2:
 			if got, want := h.Pop(), ref.remove(0); got != want {
@@ -177,9 +181,9 @@ func (s *swapHeap) remove(i int) int {
 }
 
 func TestResetAndCompact(t *testing.T) {
-	h := iheap.New(func(a, b int) bool { return a < b }, nil)
+	h := iheap.New(func(a, b int) bool { return a < b })
 	for i := range 4096 {
-		h.Push(uint64(i), i)
+		h.Push(uint64(i), i, nil)
 	}
 	for range 4096 - 100 {
 		h.Pop()
@@ -200,8 +204,8 @@ func TestResetAndCompact(t *testing.T) {
 	if h.Len() != 0 || h.Cap() != 0 {
 		t.Fatalf("Reset(8) of a large heap: Len %d Cap %d; want 0, 0", h.Len(), h.Cap())
 	}
-	h.Push(1, 1)
-	h.Push(0, 0)
+	h.Push(1, 1, nil)
+	h.Push(0, 0, nil)
 	c := h.Cap()
 	h.Reset(8)
 	if h.Len() != 0 || h.Cap() != c {
@@ -213,22 +217,22 @@ func TestResetAndCompact(t *testing.T) {
 // removals allocate nothing.
 func TestNoAllocs(t *testing.T) {
 	elems := make([]elem, 1000)
-	h := iheap.New(elemLess, func(e *elem, i int) { e.idx = i })
+	h := iheap.New(elemLess)
 	for i := range elems {
 		elems[i] = elem{id: i, rank: i % 97}
-		h.Push(elemKey(elems[i].rank), &elems[i])
+		h.Push(elemKey(elems[i].rank), &elems[i], &elems[i].idx)
 	}
 	n := 0
 	allocs := testing.AllocsPerRun(100, func() {
 		e := h.Pop()
 		e.rank = (e.rank + 31) % 97
-		h.Push(elemKey(e.rank), e)
+		h.Push(elemKey(e.rank), e, &e.idx)
 		x := &elems[n%len(elems)]
 		n++
 		x.rank = (x.rank + 7) % 97
-		h.Fix(x.idx, elemKey(x.rank))
+		h.Fix(int(x.idx), elemKey(x.rank))
 		y := h.Remove(h.Len() / 2)
-		h.Push(elemKey(y.rank), y)
+		h.Push(elemKey(y.rank), y, &y.idx)
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per run; want 0", allocs)
@@ -242,16 +246,16 @@ func BenchmarkPushPop(b *testing.B) {
 		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
 			rng := rand.New(rand.NewPCG(3, 4))
 			elems := make([]elem, n)
-			h := iheap.New(elemLess, func(e *elem, i int) { e.idx = i })
+			h := iheap.New(elemLess)
 			for i := range elems {
 				elems[i] = elem{id: i, rank: rng.IntN(1 << 30)}
-				h.Push(elemKey(elems[i].rank), &elems[i])
+				h.Push(elemKey(elems[i].rank), &elems[i], &elems[i].idx)
 			}
 			b.ReportAllocs()
 			for b.Loop() {
 				e := h.Pop()
 				e.rank += rng.IntN(1 << 20)
-				h.Push(elemKey(e.rank), e)
+				h.Push(elemKey(e.rank), e, &e.idx)
 			}
 		})
 	}

@@ -36,9 +36,9 @@ func (a event) before(b event) bool {
 // keep no position.
 type eventHeap struct{ h iheap.Heap[event] }
 
-func newEventHeap() eventHeap { return eventHeap{h: iheap.New(event.before, nil)} }
+func newEventHeap() eventHeap { return eventHeap{h: iheap.New(event.before)} }
 
 func (q *eventHeap) len() int     { return q.h.Len() }
 func (q *eventHeap) top() event   { return q.h.At(0) }
-func (q *eventHeap) push(e event) { q.h.Push(uint64(e.at)^1<<63, e) }
+func (q *eventHeap) push(e event) { q.h.Push(uint64(e.at)^1<<63, e, nil) }
 func (q *eventHeap) pop() event   { return q.h.Pop() }

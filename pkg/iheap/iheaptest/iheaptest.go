@@ -23,7 +23,7 @@ type Adapter interface {
 }
 
 // Positioned is an Adapter whose elements know their position in the heap
-// (the user gave the heap an index setter).
+// (the user pushes them with their position field).
 type Positioned interface {
 	Adapter
 	// Index returns the position element id has recorded: -1 once it
@@ -200,7 +200,7 @@ func (m *model) apply(a Adapter, o op) error {
 		}
 		want := m.min()
 		if got := a.Pop(); got != want {
-			return fmt.Errorf("Pop = %d (rank %d); want %d (rank %d)", got, m.rank[got], want, m.rank[want])
+			return fmt.Errorf("popped %d (rank %d); want %d (rank %d)", got, m.rank[got], want, m.rank[want])
 		}
 		delete(m.queued, want)
 		if positioned {
@@ -237,7 +237,7 @@ func (m *model) apply(a Adapter, o op) error {
 // the heap property, and every recorded position.
 func (m *model) check(a Adapter) error {
 	if got, want := a.Len(), len(m.queued); got != want {
-		return fmt.Errorf("Len = %d; want %d", got, want)
+		return fmt.Errorf("length %d; want %d", got, want)
 	}
 	seen := make(map[int]bool, len(m.queued))
 	for i := range a.Len() {
