@@ -93,15 +93,16 @@ func TestKeyOrdersFirst(t *testing.T) {
 	}
 }
 
-// TestSameLayoutAsSwapSifts: the hole-moving sifts leave every entry where
-// container/heap-style swaps would, so ties less leaves open (none here:
-// equal keys, and less says "not before" both ways) break the same way.
+// TestSameLayoutAsSwapSifts: after pushes, pops, fixes and removals the
+// hole-moving sifts leave every entry where container/heap-style swaps
+// would, so ties less leaves open (all of them here: less says "not
+// before" both ways) break the same way.
 func TestSameLayoutAsSwapSifts(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	h := iheap.New(func(a, b int) bool { return false })
 	var ref swapHeap
 	for step := range 5000 {
-		switch k := rng.IntN(4); {
+		switch k := rng.IntN(5); {
 		case k < 2 || ref.len() == 0:
 			key := uint64(rng.IntN(8))
 			h.Push(key, step, nil)
@@ -110,6 +111,10 @@ func TestSameLayoutAsSwapSifts(t *testing.T) {
 			if got, want := h.Pop(), ref.remove(0); got != want {
 				t.Fatalf("step %d: Pop = %d; swap heap pops %d", step, got, want)
 			}
+		case k == 3:
+			i, key := rng.IntN(ref.len()), uint64(rng.IntN(8))
+			h.Fix(i, key)
+			ref.fix(i, key)
 		default:
 			i := rng.IntN(ref.len())
 			if got, want := h.Remove(i), ref.remove(i); got != want {
@@ -166,6 +171,12 @@ func (s *swapHeap) down(i0 int) bool {
 		i = j
 	}
 	return i > i0
+}
+func (s *swapHeap) fix(i int, k uint64) {
+	s.keys[i] = k
+	if !s.down(i) {
+		s.up(i)
+	}
 }
 func (s *swapHeap) remove(i int) int {
 	n := s.len() - 1
