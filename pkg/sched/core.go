@@ -208,7 +208,7 @@ func (c *Core) Admit(now int64, r *Request) {
 		return
 	}
 	r.arrival = now
-	item, err := c.q.OfferTenant(drr.Request{
+	item, err := c.q.Offer(drr.Request{
 		Class:          int32(t.Class),
 		Pinned:         r.pinned,
 		RawISL:         t.RawISL,
@@ -314,7 +314,7 @@ func (c *Core) SetPolicy(p *Policy) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	err := c.q.SetClassesTenants(p.Classes, func(it *drr.Item) (int, drr.Tenant) {
+	err := c.q.SetClasses(p.Classes, func(it *drr.Item) (int, drr.Tenant) {
 		t := it.Payload.(*Request).Ticket
 		p.entitle(t)
 		t.Class = p.resolve(t)

@@ -6,10 +6,11 @@
 //
 // A run is event-driven: the only instants processed are arrivals, the
 // ends of engine steps, scrapes, retries and queue-wait deadlines, kept in
-// one heap. At each instant the engines whose step ended report first
-// tokens and ends (Release on the core), arrivals are admitted, the core is
-// drained once, its grants are submitted to their servers' engines, and the
-// engines start their next steps. Idle servers cost nothing, and a long
+// one heap (a pkg/iheap heap keyed by time). At each instant the engines
+// whose step ended report first tokens and ends (Release on the core),
+// arrivals are admitted, the core is drained once, its grants are
+// submitted to their servers' engines, and the engines start their next
+// steps. Idle servers cost nothing, and a long
 // decode is one event (engine.Config.Coalesce). Nothing else schedules: the
 // admission, limits, busy test, prefix index, DRR and picks are the core's,
 // and TestOneSchedulerCore checks that the package has no second copy.

@@ -143,7 +143,7 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", p.Name, err)
 	}
-	r := &run{trace: t, pol: p, opts: opts, core: core, byAddr: map[string]int32{}, classes: map[string]uint16{}, deadline: -1}
+	r := &run{trace: t, pol: p, opts: opts, core: core, byAddr: map[string]int32{}, classes: map[string]uint16{}, deadline: -1, h: newEventHeap()}
 	r.res = &Result{Policy: p, Trace: t, Outcomes: make([]Outcome, len(t.Requests))}
 	for i := range p.Compiled.Classes {
 		name := core.ClassName(i)
