@@ -24,3 +24,17 @@ func (p *Policy) ClassIndex(q *Request, uncached uint64) uint16 {
 	rights := p.Compiled.Rights(q.Tenant)
 	return uint16(p.Compiled.ResolveFor("", q.Class, uncached, &rights))
 }
+
+// NewSummary is summary.json of results over t on f, as RunAll makes it:
+// the results may come from Run or from another driver (NewResult).
+func NewSummary(t *Trace, f *Fleet, seed uint64, results []*Result) *Summary {
+	sum := &Summary{
+		Trace: TraceInfo{Source: t.Source, Requests: len(t.Requests), SpanS: t.Span().Seconds(), Tenants: t.Tenants()},
+		Fleet: fleetInfo(f),
+		Seed:  seed,
+	}
+	for _, res := range results {
+		sum.Policies = append(sum.Policies, Summarize(t, res))
+	}
+	return sum
+}
