@@ -351,7 +351,7 @@ func (rs *response) id() string {
 func (rs *response) usage() map[string]any {
 	n := rs.seq.Generated()
 	return map[string]any{"prompt_tokens": rs.seq.PromptTokens, "completion_tokens": n,
-		"total_tokens": rs.seq.PromptTokens + n,
+		"total_tokens":          rs.seq.PromptTokens + n,
 		"prompt_tokens_details": map[string]int{"cached_tokens": rs.seq.CachedTokens()}}
 }
 
