@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
@@ -37,23 +38,41 @@ const (
 )
 
 // TracesDir returns the traces folder: $LANEWAY_TRACES, else
-// <repository>/../shared/traces. It reports an error when the folder or
-// one of the traces is missing.
+// ../shared/traces next to the repository, or next to the main working
+// tree when the repository is a git worktree of it. It reports an error
+// when no such folder holds the traces.
 func TracesDir() (string, error) {
-	dir := os.Getenv(TracesEnv)
-	if dir == "" {
+	var dirs []string
+	if dir := os.Getenv(TracesEnv); dir != "" {
+		dirs = []string{dir}
+	} else {
 		root, err := launch.ModuleRoot()
 		if err != nil {
 			return "", err
 		}
-		dir = filepath.Join(root, "..", "shared", "traces")
-	}
-	for _, f := range []string{AzureConvFile, AzureCodeFile, MooncakeFile} {
-		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
-			return "", fmt.Errorf("the public traces are not in %s (set %s): %w", dir, TracesEnv, err)
+		dirs = append(dirs, filepath.Join(root, "..", "shared", "traces"))
+		// A worktree's .git is a file naming <main>/.git/worktrees/<name>.
+		if b, err := os.ReadFile(filepath.Join(root, ".git")); err == nil {
+			if gitdir, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "gitdir: "); ok {
+				main := filepath.Dir(filepath.Dir(filepath.Dir(gitdir)))
+				dirs = append(dirs, filepath.Join(main, "..", "shared", "traces"))
+			}
 		}
 	}
-	return dir, nil
+	var missing error
+	for _, dir := range dirs {
+		missing = nil
+		for _, f := range []string{AzureConvFile, AzureCodeFile, MooncakeFile} {
+			if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+				missing = fmt.Errorf("the public traces are not in %s (set %s): %w", strings.Join(dirs, " or "), TracesEnv, err)
+				break
+			}
+		}
+		if missing == nil {
+			return filepath.Clean(dir), nil
+		}
+	}
+	return "", missing
 }
 
 // TargetLoad is the share of its saturated throughput a real-trace
