@@ -125,6 +125,8 @@ default_policy_class: conversation
 // TraceScenario is one real-trace scenario.
 type TraceScenario struct {
 	Name string
+	// Dir is the traces folder.
+	Dir string
 	// Trace is the --trace argument.
 	Trace string
 	// Engine is every server's engine; the fleet's size is chosen for
@@ -143,7 +145,7 @@ type TraceScenario struct {
 func AzureScenario(dir string) TraceScenario {
 	e := engine.DefaultConfig()
 	e.PrefillTokensPerSec = 10000
-	return TraceScenario{Name: "azure", Engine: e, Policy: AzurePolicy,
+	return TraceScenario{Name: "azure", Dir: dir, Engine: e, Policy: AzurePolicy,
 		Trace: "interactive=" + filepath.Join(dir, AzureConvFile) + ",code=" + filepath.Join(dir, AzureCodeFile)}
 }
 
@@ -155,8 +157,16 @@ func AzureScenario(dir string) TraceScenario {
 func MooncakeScenario(dir string) TraceScenario {
 	e := engine.DefaultConfig()
 	e.NumGPUBlocks = 131072
-	return TraceScenario{Name: "mooncake", Engine: e, Policy: MooncakePolicy,
+	return TraceScenario{Name: "mooncake", Dir: dir, Engine: e, Policy: MooncakePolicy,
 		Trace: filepath.Join(dir, MooncakeFile), Extra: map[string]string{"prefix-queued": MooncakeQueuedPolicy}}
+}
+
+// short is a trace source without the traces folder, for reports.
+func (sc TraceScenario) short(source string) string {
+	if sc.Dir == "" {
+		return source
+	}
+	return strings.ReplaceAll(source, sc.Dir+string(filepath.Separator), "")
 }
 
 // TraceRow is one run of a real-trace scenario.
@@ -295,7 +305,7 @@ func RunTrace(sc TraceScenario, dir string) (*TraceFigures, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &TraceFigures{Name: sc.Name, Source: s.Trace.Source, Requests: len(s.Trace.Requests), SpanS: s.Trace.Span().Seconds(),
+	f := &TraceFigures{Name: sc.Name, Source: sc.short(s.Trace.Source), Requests: len(s.Trace.Requests), SpanS: s.Trace.Span().Seconds(),
 		Servers: n, OfferedRate: offered, SaturatedRate: saturated, SimS: time.Since(start).Seconds()}
 	for _, p := range sum.Policies {
 		f.Rows = append(f.Rows, TraceRow{Policy: p.Policy, Picker: p.Picker, HitRate: p.PrefixHitRate,
@@ -395,7 +405,7 @@ func RunTraceTwoWay(ctx context.Context, sc TraceScenario, servers int, binDir, 
 		return nil, err
 	}
 	rp, sp := realSum.Policies[0], simSum.Policies[0]
-	f := &TraceTwoWayFigures{Source: s.Trace.Source, Requests: len(s.Trace.Requests), Servers: servers,
+	f := &TraceTwoWayFigures{Source: sc.short(s.Trace.Source), Requests: len(s.Trace.Requests), Servers: servers,
 		HitReal: rp.PrefixHitRate, HitSim: sp.PrefixHitRate, RealMakespanS: rp.MakespanS, SimMakespanS: sp.MakespanS,
 		RealFailed: rp.Total.Requests - rp.Total.Completed}
 	for i, rc := range rp.Classes {
