@@ -20,7 +20,7 @@ import (
 )
 
 // replayUsage heads `loadgen --trace --help`.
-const replayUsage = `usage: loadgen --trace FILE (--spawn | --gateway URL) [laneway simulate's trace, fleet and policy flags]
+const replayUsage = `usage: loadgen (--trace FILE | --generate SPEC) (--spawn | --gateway URL) [laneway simulate's trace, fleet and policy flags]
 
 Replays a trace open loop through the local gateway to the picker and
 modelsim servers (--spawn starts them with the engine flags below), and
@@ -43,12 +43,14 @@ type replayFlags struct {
 }
 
 // maybeReplay runs the trace replay and exits when loadgen was started
-// with --trace; it returns otherwise.
+// with --trace (or --generate, a synthetic trace); it returns otherwise.
 func maybeReplay() {
 	traced := false
 	for _, a := range os.Args[1:] {
-		if a == "--trace" || strings.HasPrefix(a, "--trace=") {
-			traced = true
+		for _, f := range []string{"--trace", "--generate"} {
+			if a == f || strings.HasPrefix(a, f+"=") {
+				traced = true
+			}
 		}
 	}
 	if !traced {
