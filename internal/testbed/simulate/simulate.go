@@ -104,7 +104,7 @@ func (c *Config) Load() (*Setup, error) {
 		}
 	}
 	s.Trace.Assign(classRule, tenantRule, c.Seed)
-	if s.Trace, err = c.Shape(s.Trace); err != nil {
+	if s.Trace, err = c.Shape(s.Trace, c.Seed); err != nil {
 		return nil, err
 	}
 	if c.Fleet != "" {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -38,9 +39,14 @@ type TraceOptions struct {
 	// TimeScale multiplies every arrival time: 0.5 offers the trace at
 	// twice its recorded rate, 2 at half (0: 1).
 	TimeScale float64
+	// Jitter delays every arrival by a seeded uniform draw in [0, Jitter),
+	// after TimeScale: for traces whose timestamps are coarse (the
+	// Mooncake traces come in 3-second buckets, a dozen requests at one
+	// millisecond), so their requests do not all arrive at one instant.
+	Jitter time.Duration
 	// Limit keeps the first Limit requests by arrival (0: all); Duration
 	// the requests arriving within Duration of the first (0: all). Both
-	// apply after TimeScale.
+	// apply after TimeScale and Jitter.
 	Limit    int
 	Duration time.Duration
 }
@@ -59,6 +65,7 @@ func (o *TraceOptions) addTraceFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TraceFormat, "trace-format", o.TraceFormat, "format of the --trace files: auto (.csv is Azure; a JSON line with hash_ids is Mooncake, else Laneway JSONL), laneway, mooncake or azure")
 	fs.IntVar(&o.TraceBlockSize, "trace-block-size", o.TraceBlockSize, "prompt tokens per hash id of a Mooncake trace: prompts are built so that their blocks are equal exactly where the ids are")
 	fs.Var((*positiveFloat)(&o.TimeScale), "time-scale", "multiply every arrival time by this: 0.5 replays the trace at twice its rate, 2 at half")
+	fs.DurationVar(&o.Jitter, "jitter", o.Jitter, "delay every arrival by a random draw in [0, D) (seeded by --seed), after --time-scale: for traces with coarse timestamps (Mooncake's: 3s)")
 	fs.IntVar(&o.Limit, "limit", o.Limit, "replay only the first N requests by arrival (0: all)")
 	fs.DurationVar(&o.Duration, "duration", o.Duration, "replay only the requests arriving within this of the first, after --time-scale (0: all)")
 }
@@ -204,9 +211,10 @@ func detectFormat(path string, data []byte) string {
 	return FormatLaneway
 }
 
-// Shape applies TimeScale, Limit and Duration to t: it scales t in place
-// and returns it, or a new trace of the requests kept (in trace order).
-func (o *TraceOptions) Shape(t *Trace) (*Trace, error) {
+// Shape applies TimeScale, Jitter (seeded by seed), Limit and Duration to
+// t: it changes t's arrivals in place and returns it, or a new trace of
+// the requests kept (in trace order).
+func (o *TraceOptions) Shape(t *Trace, seed uint64) (*Trace, error) {
 	scale := o.TimeScale
 	if scale == 0 {
 		scale = 1
@@ -218,6 +226,8 @@ func (o *TraceOptions) Shape(t *Trace) (*Trace, error) {
 		return nil, fmt.Errorf("--limit %d: want >= 0", o.Limit)
 	case o.Duration < 0:
 		return nil, fmt.Errorf("--duration %v: want >= 0", o.Duration)
+	case o.Jitter < 0:
+		return nil, fmt.Errorf("--jitter %v: want >= 0", o.Jitter)
 	}
 	var notes []string
 	if scale != 1 {
@@ -231,6 +241,20 @@ func (o *TraceOptions) Shape(t *Trace) (*Trace, error) {
 			t.Requests[i].Arrival = int64(v)
 		}
 		notes = append(notes, "time ×"+strconv.FormatFloat(scale, 'g', -1, 64))
+	}
+	if o.Jitter > 0 {
+		rng := rand.New(rand.NewPCG(seed, 0x717e4))
+		for i := range t.Requests {
+			a := &t.Requests[i].Arrival
+			if *a > math.MaxInt64-int64(o.Jitter) {
+				return nil, fmt.Errorf("--jitter %v: request %d would arrive after the year 2262", o.Jitter, i)
+			}
+			*a += rng.Int64N(int64(o.Jitter))
+		}
+		if err := t.finish(); err != nil { // the arrival order changed
+			return nil, err
+		}
+		notes = append(notes, "jitter "+o.Jitter.String())
 	}
 	if o.Limit == 0 && o.Duration == 0 {
 		return annotate(t, notes), nil

@@ -114,12 +114,13 @@ func TestShape(t *testing.T) {
 		{"first 48 s", TraceOptions{Duration: 48 * time.Second}, []int64{0, 9000, 12000, 21000}, " (the first 48s, 4 of 8 requests)", ""},
 		{"first 48 s at half speed", TraceOptions{TimeScale: 2, Duration: 48 * time.Second}, []int64{0, 18000, 24000, 42000}, " (time ×2, the first 48s, 4 of 8 requests)", ""},
 		{"both bounds", TraceOptions{Limit: 6, Duration: time.Hour}, []int64{0, 9000, 12000, 21000, 48000, 48000}, " (the first 1h0m0s, 6 of 8 requests)", ""},
+		{"negative jitter", TraceOptions{Jitter: -1}, nil, "", "--jitter -1ns"},
 		{"zero scale", TraceOptions{TimeScale: -1}, nil, "", "--time-scale -1"},
 		{"negative limit", TraceOptions{Limit: -1}, nil, "", "--limit -1"},
 		{"negative duration", TraceOptions{Duration: -1}, nil, "", "--duration -1ns"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			tr, err := tt.o.Shape(readExcerpt(t))
+			tr, err := tt.o.Shape(readExcerpt(t), 1)
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("err %v, want %q", err, tt.err)
@@ -164,5 +165,39 @@ func TestShapeKeepsAssignment(t *testing.T) {
 		if a, b := part.Trace.Requests[i].Class, full.Trace.Requests[i].Class; a != b {
 			t.Fatalf("request %d: class %q truncated, %q in full", i, a, b)
 		}
+	}
+}
+
+// TestJitter: every arrival moves later by less than the jitter, the same
+// way for the same seed and another way for another, and the arrival
+// order follows.
+func TestJitter(t *testing.T) {
+	shape := func(seed uint64) *Trace {
+		tr, err := (&TraceOptions{Jitter: 3 * time.Second}).Shape(readExcerpt(t), seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr
+	}
+	base := readExcerpt(t)
+	a, b, c := shape(1), shape(1), shape(2)
+	moved := false
+	for i := range base.Requests {
+		d := a.Requests[i].Arrival - base.Requests[i].Arrival
+		if d < 0 || d >= int64(3*time.Second) {
+			t.Fatalf("request %d moved by %v", i, time.Duration(d))
+		}
+		if a.Requests[i].Arrival != b.Requests[i].Arrival {
+			t.Fatalf("request %d: the same seed gave %d and %d", i, a.Requests[i].Arrival, b.Requests[i].Arrival)
+		}
+		moved = moved || a.Requests[i].Arrival != c.Requests[i].Arrival
+	}
+	if !moved {
+		t.Fatal("seeds 1 and 2 gave the same arrivals")
+	}
+	// Requests 4 and 5 share a timestamp (48 s): the jitter orders them.
+	i4, i5 := slices.Index(a.byArrival, 4), slices.Index(a.byArrival, 5)
+	if (a.Requests[4].Arrival < a.Requests[5].Arrival) != (i4 < i5) || !strings.HasSuffix(a.Source, " (jitter 3s)") {
+		t.Fatalf("arrival order %v for arrivals %d, %d; source %q", a.byArrival, a.Requests[4].Arrival, a.Requests[5].Arrival, a.Source)
 	}
 }
