@@ -129,6 +129,9 @@ type TraceScenario struct {
 	Dir string
 	// Trace is the --trace argument.
 	Trace string
+	// Jitter is --jitter: the Mooncake trace's timestamps come in
+	// 3-second buckets.
+	Jitter time.Duration
 	// Engine is every server's engine; the fleet's size is chosen for
 	// TargetLoad.
 	Engine engine.Config
@@ -153,11 +156,13 @@ func AzureScenario(dir string) TraceScenario {
 // on servers with a KV cache of 2M tokens (131,072 blocks of 16): its
 // conversations come back after two minutes at the median, so a cache
 // that turns over faster than that keeps almost nothing but the shared
-// first block, whatever the picker does.
+// first block, whatever the picker does. The trace's timestamps come in
+// 3-second buckets, a dozen requests at one millisecond; a jitter of 3 s
+// spreads each bucket's requests over it.
 func MooncakeScenario(dir string) TraceScenario {
 	e := engine.DefaultConfig()
 	e.NumGPUBlocks = 131072
-	return TraceScenario{Name: "mooncake", Dir: dir, Engine: e, Policy: MooncakePolicy,
+	return TraceScenario{Name: "mooncake", Dir: dir, Engine: e, Jitter: 3 * time.Second, Policy: MooncakePolicy,
 		Trace: filepath.Join(dir, MooncakeFile), Extra: map[string]string{"prefix-queued": MooncakeQueuedPolicy}}
 }
 
@@ -209,7 +214,7 @@ func (f *TraceFigures) Row(name string) TraceRow {
 // config is the scenario's simulate configuration on n servers.
 func (sc TraceScenario) config(n int) simulate.Config {
 	c := simulate.DefaultConfig()
-	c.Trace, c.Servers, c.Engine = sc.Trace, n, sc.Engine
+	c.Trace, c.Servers, c.Engine, c.Jitter = sc.Trace, n, sc.Engine, sc.Jitter
 	// As the picker does: it scrapes every endpoint every 100 ms.
 	c.ScrapeInterval = 100 * time.Millisecond
 	return c
@@ -228,7 +233,7 @@ func (sc TraceScenario) SizeFleet() (servers int, saturated, offered float64, er
 	offered = float64(len(full.Trace.Requests)) / full.Trace.Span().Seconds()
 	for n := 1; n <= 64; n++ {
 		c := sc.config(n)
-		c.ScrapeInterval = 0
+		c.ScrapeInterval, c.Jitter = 0, 0
 		c.TimeScale, c.Limit = 1e-12, burstSample // every request at once
 		s, err := c.Load()
 		if err != nil {
