@@ -25,12 +25,14 @@ func runTraces(t *testing.T, w io.Writer, out string) {
 		if err != nil {
 			t.Skip(err)
 		}
+		var azureServers int
 		t.Run("azure", func(t *testing.T) {
 			f, err := RunTrace(AzureScenario(dir), filepath.Join(out, "azure"))
 			if err != nil {
 				t.Fatal(err)
 			}
 			WriteTrace(w, f)
+			azureServers = f.Servers
 		})
 		var mooncakeServers int
 		t.Run("mooncake", func(t *testing.T) {
@@ -47,27 +49,33 @@ func runTraces(t *testing.T, w io.Writer, out string) {
 				}
 			}
 		})
-		t.Run("mooncake both ways", func(t *testing.T) {
-			if mooncakeServers == 0 {
-				t.Skip("the mooncake scenario sized no fleet")
-			}
-			bins := binDir(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-			defer cancel()
-			f, err := RunTraceTwoWay(ctx, MooncakeScenario(dir), mooncakeServers, bins, filepath.Join(out, "mooncake-both-ways"))
-			if f == nil {
-				t.Fatal(err)
-			}
-			WriteTraceTwoWay(w, f)
-			if err != nil {
-				fmt.Fprintf(w, "  the real run reported: %v\n", err)
-			}
-			if d := f.Agreement(); len(d) > 0 {
-				io.WriteString(w, "  outside the bands (TTFT p50 ±20% per class, hit rate ±5%): "+strings.Join(d, "; ")+"\n")
-			} else {
-				io.WriteString(w, "  inside the bands (TTFT p50 ±20% per class, hit rate ±5%)\n")
-			}
-		})
+		for _, bw := range []struct {
+			name    string
+			sc      TraceScenario
+			servers *int
+		}{{"mooncake both ways", MooncakeScenario(dir), &mooncakeServers}, {"azure both ways", AzureScenario(dir), &azureServers}} {
+			t.Run(bw.name, func(t *testing.T) {
+				if *bw.servers == 0 {
+					t.Skip("the scenario sized no fleet")
+				}
+				bins := binDir(t)
+				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+				defer cancel()
+				f, err := RunTraceTwoWay(ctx, bw.sc, *bw.servers, bins, filepath.Join(out, bw.sc.Name+"-both-ways"))
+				if f == nil {
+					t.Fatal(err)
+				}
+				WriteTraceTwoWay(w, f)
+				if err != nil {
+					fmt.Fprintf(w, "  the real run reported: %v\n", err)
+				}
+				if d := f.Agreement(); len(d) > 0 {
+					io.WriteString(w, "  outside the bands (TTFT p50 ±20% per class, hit rate ±5%): "+strings.Join(d, "; ")+"\n")
+				} else {
+					io.WriteString(w, "  inside the bands (TTFT p50 ±20% per class, hit rate ±5%)\n")
+				}
+			})
+		}
 	})
 }
 
