@@ -411,6 +411,14 @@ func RunTraceTwoWay(ctx context.Context, sc TraceScenario, servers int, binDir, 
 	if err := writeAll(filepath.Join(dir, "real"), s, []*simulate.Result{res}, realSum); err != nil {
 		return nil, err
 	}
+	// Side by side in dir: the same figures, one panel each way.
+	realRes, simRes := *res, *results[0]
+	realPol, simPol := *res.Policy, *results[0].Policy
+	realPol.Name, simPol.Name = "real", "simulated"
+	realRes.Policy, simRes.Policy = &realPol, &simPol
+	if _, err := simulate.WritePlots(dir, s.Trace, []*simulate.Result{&realRes, &simRes}); err != nil {
+		return nil, err
+	}
 	rp, sp := realSum.Policies[0], simSum.Policies[0]
 	f := &TraceTwoWayFigures{Source: sc.short(s.Trace.Source), Requests: len(s.Trace.Requests), Servers: servers,
 		HitReal: rp.PrefixHitRate, HitSim: sp.PrefixHitRate, RealMakespanS: rp.MakespanS, SimMakespanS: sp.MakespanS,
