@@ -70,9 +70,9 @@ func runTraces(t *testing.T, w io.Writer, out string) {
 					fmt.Fprintf(w, "  the real run reported: %v\n", err)
 				}
 				if d := f.Agreement(); len(d) > 0 {
-					io.WriteString(w, "  outside the bands (TTFT p50 ±20% per class, hit rate ±5%): "+strings.Join(d, "; ")+"\n")
+					io.WriteString(w, "  outside the bands (TTFT p50 ±20% per class, hit rate ±5 points): "+strings.Join(d, "; ")+"\n")
 				} else {
-					io.WriteString(w, "  inside the bands (TTFT p50 ±20% per class, hit rate ±5%)\n")
+					io.WriteString(w, "  inside the bands (TTFT p50 ±20% per class, hit rate ±5 points)\n")
 				}
 			})
 		}
