@@ -69,7 +69,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Fleet, "fleet", c.Fleet, "fleet file of mixed servers (YAML: servers: [{count, max_num_seqs, ...}]) instead of --servers")
 	c.Engine.AddFlags(fs)
 	fs.StringVar(&c.Picker, "picker", c.Picker, "endpoint choice of the policy files' runs: prefix (prefix-cache overlap plus load, the picker's default) or least-loaded")
-	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of --generate, of the assignment rules and of the picker's tie-breaks")
+	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of --generate, of the assignment rules, of --jitter and of the picker's tie-breaks")
 	fs.StringVar(&c.Out, "out", c.Out, "output folder: DIR/<policy>/requests.jsonl, DIR/summary.json, DIR/*.png and *.svg")
 	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", c.ScrapeInterval, "feed each server's engine metrics to the picker this often, as its scraper would (0: no scraping)")
 	fs.IntVar(&c.Retries, "retry-429", c.Retries, "offer a request answered 429 again, up to this many times (0: a 429 is final)")

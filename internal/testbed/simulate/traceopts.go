@@ -67,7 +67,7 @@ func (o *TraceOptions) addTraceFlags(fs *pflag.FlagSet) {
 	fs.Var((*positiveFloat)(&o.TimeScale), "time-scale", "multiply every arrival time by this: 0.5 replays the trace at twice its rate, 2 at half")
 	fs.DurationVar(&o.Jitter, "jitter", o.Jitter, "delay every arrival by a random draw in [0, D) (seeded by --seed), after --time-scale: for traces with coarse timestamps (Mooncake's: 3s)")
 	fs.IntVar(&o.Limit, "limit", o.Limit, "replay only the first N requests by arrival (0: all)")
-	fs.DurationVar(&o.Duration, "duration", o.Duration, "replay only the requests arriving within this of the first, after --time-scale (0: all)")
+	fs.DurationVar(&o.Duration, "duration", o.Duration, "replay only the requests arriving within this of the first, after --time-scale and --jitter (0: all)")
 }
 
 // positiveFloat is a flag value that must be a finite number above 0.
