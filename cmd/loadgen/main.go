@@ -10,12 +10,18 @@
 //	loadgen --spawn --mode closed --concurrency 1,100,1000        # closed loop, N streams
 //	loadgen --epp 127.0.0.1:9002 --tls --epp-metrics 127.0.0.1:9090 --rate 3000
 //	loadgen --soak --tls --rate 500 --duration 30m                # soak (make soak)
+//	loadgen --trace mooncake.jsonl --duration 3m --servers 2 --spawn # a trace through real processes
 //
 // With --spawn it builds (or takes --epp-bin) and starts the picker itself
 // on free loopback ports, with no policy and one dummy endpoint that serves
 // an idle vLLM /metrics page: the synthetic default class has no busy
 // threshold and the endpoint is idle, so every request is an idle-endpoint
 // decision.
+//
+// With --trace it replays a recorded trace through real processes instead
+// (replay.go): the local gateway, the picker and modelsim servers, open
+// loop, with `laneway simulate`'s trace, fleet and policy flags, writing
+// the simulator's outputs, so the two compare line for line.
 //
 // With --soak it runs the long leak hunt of `make soak` instead (soak.go):
 // the picker with an endpoints file and a policy file that keep changing,
@@ -66,7 +72,7 @@ type flags struct {
 	eppPID      int
 	warmup      time.Duration
 	jsonOut     bool
-	trace       string
+	latencyLog  string
 	client      string
 	cpuProfile  string
 	procs       int
@@ -76,6 +82,7 @@ type flags struct {
 
 func main() {
 	maybeServeFloor()
+	maybeReplay()
 	var f flags
 	fs := pflag.NewFlagSet("loadgen", pflag.ExitOnError)
 	fs.StringVar(&f.epp, "epp", "", "ext_proc address of the picker (host:port); not with --spawn")
@@ -95,7 +102,7 @@ func main() {
 	fs.IntVar(&f.eppPID, "epp-pid", 0, "picker process id to read CPU time from /proc")
 	fs.DurationVar(&f.warmup, "warmup", time.Second, "closed-loop warm-up (8 streams) before measuring; 0 skips")
 	fs.BoolVar(&f.jsonOut, "json", false, "print each result as one JSON line")
-	fs.StringVar(&f.trace, "trace", "", "write every request's start time and decision latency to this file")
+	fs.StringVar(&f.latencyLog, "latency-log", "", "write every request's start time and decision latency to this file")
 	lw.register(fs)
 	sk.register(fs)
 	fs.BoolVar(&f.floor, "compare-floor", false,
@@ -190,10 +197,10 @@ func run(ctx context.Context, f *flags) error {
 	}
 	defer closeConns()
 
-	if f.trace != "" {
-		tf, err := os.Create(f.trace)
+	if f.latencyLog != "" {
+		tf, err := os.Create(f.latencyLog)
 		if err != nil {
-			return fmt.Errorf("--trace: %w", err)
+			return fmt.Errorf("--latency-log: %w", err)
 		}
 		defer tf.Close()
 		lane.r.Trace = tf

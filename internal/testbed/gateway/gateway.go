@@ -237,6 +237,13 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if noBody {
 		return
 	}
+	// The headers go to the client at once, as Envoy forwards them once the
+	// picker has seen them: a streaming client sees its request accepted
+	// while it still waits for its first token (modelsim, like vLLM, sends
+	// its headers as it takes the request).
+	if err := http.NewResponseController(w).Flush(); err != nil {
+		return
+	}
 	g.streamBody(w, resp.Body, ex)
 }
 

@@ -280,6 +280,42 @@ func TestStreamingResponse(t *testing.T) {
 	}
 }
 
+// TestHeadersBeforeBody: the response headers reach the client as soon as
+// the backend sends them, before any body byte, as Envoy forwards them: a
+// streaming client sees its request accepted while it still waits for its
+// first token (the backend sends nothing more until the client has the
+// headers).
+func TestHeadersBeforeBody(t *testing.T) {
+	clientSawHeaders := make(chan struct{})
+	backend := startBackend(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-clientSawHeaders:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
+		return extproc.Decision{Endpoints: []string{backend}}, nil
+	})
+	url := startGateway(t, startEPP(t, d, false), false, gateway.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", strings.NewReader(`{"stream":true}`))
+	resp, err := http.DefaultClient.Do(req) // a gateway holding the headers back deadlocks here until the timeout
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	defer resp.Body.Close()
+	close(clientSawHeaders)
+	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != "data: [DONE]\n\n" {
+		t.Fatalf("body %q, %v", b, err)
+	}
+}
+
 func TestFallbackOnConnectFailure(t *testing.T) {
 	live := startBackend(t, "127.0.0.3", reporter("live", nil))
 	dead1, dead2 := deadAddr(t, "127.0.0.2"), deadAddr(t, "127.0.0.4")
