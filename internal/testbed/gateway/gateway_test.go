@@ -301,7 +301,7 @@ func TestHeadersBeforeBody(t *testing.T) {
 	d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
 		return extproc.Decision{Endpoints: []string{backend}}, nil
 	})
-	url := startGateway(t, startEPP(t, d, false), false, gateway.Options{})
+	url := startGateway(t, fixture.ServeExtProc(t, d, false), false, gateway.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", strings.NewReader(`{"stream":true}`))
