@@ -25,6 +25,10 @@ type Config struct {
 	OutDir string
 	// PerClass is the requests per class (320 in SPEC §11).
 	PerClass int
+	// HeaderOnly runs the gateway with --response-phases=false: the
+	// picker sees each request but never its response, as behind
+	// gateways that send no response phase.
+	HeaderOnly bool
 	// Out receives the table; Progress receives the progress bar.
 	Out, Progress io.Writer
 }
@@ -52,6 +56,9 @@ type Outcome struct {
 	// demo's modelsim.
 	Prediction simulate.Prediction
 	Misses     []string
+	// EngineWaitingMax is the largest vllm:num_requests_waiting the
+	// model server reported during the run (sampled).
+	EngineWaitingMax float64
 }
 
 // MaxPredictionMiss bounds how far the measured premium count in the first
@@ -138,7 +145,7 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 		return o, err
 	}
 	procs = append(procs, epp.Proc)
-	gw, err := bins.StartGateway(ctx, launch.GatewayOptions{EPP: epp, Proc: proc(launch.CmdGateway)})
+	gw, err := bins.StartGateway(ctx, launch.GatewayOptions{EPP: epp, HeaderOnly: cfg.HeaderOnly, Proc: proc(launch.CmdGateway)})
 	if err != nil {
 		return o, err
 	}
@@ -147,6 +154,7 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 	fmt.Fprintf(cfg.Out, "\n== quanta %s (premium:regular): %d + %d requests of 512 tokens, one model server with 4 slots\n",
 		sc.Name, cfg.PerClass, cfg.PerClass)
 	bar := newProgress(cfg.Progress, sc.Name)
+	waiting := sim.Metrics.WatchMax(20*time.Millisecond, "vllm:num_requests_waiting")
 	res, err := workload.Run(ctx, workload.Spec{
 		URL:          gw.URL + "/v1/completions",
 		Model:        "sim-model",
@@ -157,9 +165,11 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 		Progress:     bar.update,
 	})
 	bar.finish()
+	o.EngineWaitingMax, _, _ = waiting.Stop()
 	if err != nil {
 		return o, err
 	}
+	fmt.Fprintf(cfg.Out, "   model server waiting queue: at most %v requests (vllm:num_requests_waiting, sampled every 20ms)\n", o.EngineWaitingMax)
 	o.Result = res
 	o.Shares = workload.Analyze(res)
 	// The picker's own count, next to what the clients saw: every request
