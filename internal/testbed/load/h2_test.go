@@ -27,7 +27,7 @@ func TestH2RunnerAgainstPicker(t *testing.T) {
 		{"large body", 10 * time.Millisecond, 40_000, false},
 		// No response phases: the picker ends each stream after its
 		// answer, so the run ends without waiting out the hold.
-		{"header only", time.Hour, 256, true},
+		{"header only", MaxHold, 256, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := startPicker(t, idleEndpoint(t))

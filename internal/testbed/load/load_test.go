@@ -210,7 +210,7 @@ func TestRunClosed(t *testing.T) {
 func TestRunHeaderOnly(t *testing.T) {
 	p, envoy := startPicker(t, idleEndpoint(t))
 	skip := &Runner{Clients: []*extprocclient.Client{p.Client(t, extprocclient.Options{Shape: extprocclient.EnvoySkip})}}
-	cfg := Config{Rate: 100, Hold: time.Hour, Duration: 500 * time.Millisecond, PromptTokens: 16, HeaderOnly: true}
+	cfg := Config{Rate: 100, Hold: MaxHold, Duration: 500 * time.Millisecond, PromptTokens: 16, HeaderOnly: true}
 	res, err := skip.RunOpen(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
