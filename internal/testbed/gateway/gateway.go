@@ -165,6 +165,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer ex.Close()
+	if ex.Ended() {
+		// A header-only stream is over: its connection, when it has one
+		// of its own, goes now, as the shim's does, not after the
+		// response.
+		_ = ex.Close()
+	}
 	d := ex.Decision()
 	if !d.Routed() {
 		for k, vs := range d.Immediate.Headers {
