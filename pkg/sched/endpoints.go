@@ -25,9 +25,6 @@ type endpoint struct {
 	engine policy.Engine
 	// stale: metrics are expected and not fresh (busy, ranked last).
 	stale bool
-	// pending is our grants whose prefill is not known to be done: open
-	// streams with no first byte yet, and the ledger's awaiting ones.
-	pending int
 	// peakOurs is the most requests this picker had in the engine there
 	// since the last metrics delivery (ours()): the most of the engine's
 	// queue that can be ours.
@@ -107,7 +104,7 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 			g.eps = append(g.eps, nil)
 		}
 		e := &endpoint{id: id, addr: in.Addr, maxBatched: in.MaxBatchedTokens, tainted: in.Tainted,
-			rank: in.Rank, engine: eng, stale: c.opts.ExpectMetrics}
+			rank: in.Rank, engine: eng, stale: c.opts.ExpectMetrics, led: newLedger()}
 		g.eps[id] = e
 		if c.index != nil {
 			c.index.Drop(int(id)) // a reused id starts with an empty index

@@ -495,10 +495,14 @@ func runCoreOps(data []byte, pk Chooser) error {
 	for _, fr := range reqs {
 		release(fr, EventDone, false)
 	}
-	// An idle engine confirms every prefill its ledger still awaits.
-	for _, e := range live {
-		c.SetMetrics(now, e.addr, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running}, false)
-		e.stale, e.waiting = false, 0
+	// An idle engine confirms every prefill its ledger still awaits (two
+	// scrapes: the first makes every grant older than a delivery).
+	for range 2 {
+		now += int64(time.Second)
+		for _, e := range live {
+			c.SetMetrics(now, e.addr, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running}, false)
+			e.stale, e.waiting = false, 0
+		}
 	}
 	c.Shutdown(now)
 	if err := check(-1, "wind down"); err != nil {

@@ -79,7 +79,7 @@ func (c *Core) Release(g *Grant, ev Event) {
 	e := g.ep
 	if ev == EventFirstByte || g.prefillReleased {
 		if !g.prefillReleased {
-			e.led.confirmed += g.raw // the engine counted this prompt too
+			e.led.unobserved += g.raw // the engine counts this prompt too
 			c.prefillDone(g)
 			e.decoding++ // past prefill the request decodes
 		}
@@ -125,9 +125,6 @@ func (c *Core) prefillDone(g *Grant) {
 	} else {
 		e.activePrefill = 0
 	}
-	if e.pending > 0 {
-		e.pending--
-	}
 	if !e.removed {
 		c.q.EndpointChanged(e.id)
 	}
@@ -171,7 +168,6 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	}
 	e.activePrefill = drr.SaturatingAdd(e.activePrefill, g.prefill)
 	e.inFlight++
-	e.pending++
 	e.peakOurs = max(e.peakOurs, e.ours())
 	c.q.EndpointChanged(e.id)
 	if c.index != nil && len(t.Blocks) > 0 && t.BlockSize > 0 {
