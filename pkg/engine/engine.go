@@ -175,6 +175,9 @@ type Engine struct {
 
 	maxRunning int
 	generated  uint64
+	// promptTokens counts the prompts whose prefill completed, as vLLM
+	// v1's prompt_tokens_total does.
+	promptTokens uint64
 }
 
 // New returns an engine for cfg.
@@ -344,6 +347,7 @@ func (e *Engine) Advance(now int64, out []Event) []Event {
 		s.FirstToken = end
 		e.prefilling--
 		e.generated++
+		e.promptTokens += uint64(s.PromptTokens)
 		out = append(out, Event{Kind: FirstToken, Seq: s, At: end})
 		if s.MaxTokens <= 1 {
 			out = e.finish(s, end, out)
@@ -480,9 +484,12 @@ type Stats struct {
 	// Waiting and Running count requests; MaxRunning is the most that
 	// ever ran at once.
 	Waiting, Running, MaxRunning int
-	// Steps counts completed steps; GeneratedTokens every token emitted.
+	// Steps counts completed steps; GeneratedTokens every token emitted;
+	// PromptTokens the prompt tokens of every request whose prefill
+	// completed (vLLM v1's prompt_tokens_total).
 	Steps           int64
 	GeneratedTokens uint64
+	PromptTokens    uint64
 	// UsedBlocks are held by running requests; CachedBlocks are idle
 	// blocks holding a cached prefix; TotalBlocks is the cache size.
 	UsedBlocks, CachedBlocks, TotalBlocks int
@@ -496,7 +503,7 @@ func (s Stats) KVUsage() float64 { return float64(s.UsedBlocks) / float64(s.Tota
 func (e *Engine) Stats() Stats {
 	return Stats{
 		Waiting: e.waiting.len(), Running: e.running, MaxRunning: e.maxRunning,
-		Steps: e.steps, GeneratedTokens: e.generated,
+		Steps: e.steps, GeneratedTokens: e.generated, PromptTokens: e.promptTokens,
 		UsedBlocks: e.pool.used, CachedBlocks: e.pool.lruLen, TotalBlocks: e.pool.total,
 	}
 }
