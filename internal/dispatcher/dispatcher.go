@@ -57,10 +57,12 @@ type release struct {
 }
 
 // waiter is one Acquire call: the core's request and the reply channel the
-// loop sends its one answer on.
+// loop sends its one answer on; or one Offer, whose answer goes to done
+// instead.
 type waiter struct {
 	req   sched.Request
 	reply chan result
+	done  func(*sched.Grant, error)
 }
 
 type result struct {
@@ -157,7 +159,11 @@ func (d *Dispatcher) flush() {
 		for _, o := range d.obs {
 			o.Decided(l)
 		}
-		l.Req.Owner.(*waiter).reply <- result{l.Grant, l.Err} // buffered: the loop's last use of it
+		if w := l.Req.Owner.(*waiter); w.done != nil {
+			w.done(l.Grant, l.Err)
+		} else {
+			w.reply <- result{l.Grant, l.Err} // buffered: the loop's last use of it
+		}
 	}
 	d.publishBlockSize()
 	d.timer.Stop()
@@ -277,3 +283,31 @@ func (d *Dispatcher) Acquire(ctx context.Context, t *sched.Ticket) (*sched.Grant
 		}
 	}
 }
+
+// Offered is a ticket handed to the loop by Offer, which no caller waits
+// for.
+type Offered struct{ w *waiter }
+
+// Offer hands t to the loop without waiting for the answer: done is
+// called exactly once with what Acquire would have returned (a grant, or
+// *drr.Rejection, *ShedError, *NoEndpointError, ErrShuttingDown, or
+// ErrCancelled after Cancel). It runs on the loop goroutine, so it must
+// not block or call the dispatcher; when the loop has stopped it runs on
+// the caller's goroutine before Offer returns. The leader's side of the
+// replica link (internal/ha) offers its followers' tickets this way, with
+// no goroutine per ticket. Offer blocks only while the command channel is
+// full. The loop may read t until done was called.
+func (d *Dispatcher) Offer(t *sched.Ticket, done func(*sched.Grant, error)) *Offered {
+	w := &waiter{done: done}
+	w.req.Reset(t, w)
+	if !d.send(command{w: w}) {
+		done(nil, sched.ErrShuttingDown)
+	}
+	return &Offered{w}
+}
+
+// Cancel withdraws an offered ticket: still queued, it leaves the queue
+// and its done gets ErrCancelled; already granted, the grant is released
+// (as Acquire's cancellation does); already answered otherwise, nothing
+// happens. It blocks only while the command channel is full.
+func (d *Dispatcher) Cancel(o *Offered) { d.send(command{w: o.w, cancel: true}) }
