@@ -3,6 +3,8 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,5 +103,45 @@ func TestOfferAfterStopAnswersOnTheCaller(t *testing.T) {
 	d.Offer(&sched.Ticket{RawISL: 1}, func(_ *sched.Grant, err error) { got = err })
 	if !errors.Is(got, sched.ErrShuttingDown) {
 		t.Fatalf("offer after the loop stopped: %v, want ErrShuttingDown before Offer returns", got)
+	}
+}
+
+// TestOffersRacingTheStopAreAnsweredOnce: offers and acquisitions made
+// while the loop stops are each answered exactly once, none lost in the
+// command channel.
+func TestOffersRacingTheStopAreAnsweredOnce(t *testing.T) {
+	for range 20 {
+		d, err := New(twoClassPolicy(512, 128, 1024), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go d.Run(ctx)
+		const n = 200
+		var answered sync.WaitGroup
+		answered.Add(n)
+		var twice atomic.Int32
+		for i := range n {
+			go func() {
+				var once atomic.Bool
+				d.Offer(&sched.Ticket{RawISL: uint64(i)}, func(*sched.Grant, error) {
+					if !once.CompareAndSwap(false, true) {
+						twice.Add(1)
+					}
+					answered.Done()
+				})
+			}()
+		}
+		cancel()
+		waited := make(chan struct{})
+		go func() { answered.Wait(); close(waited) }()
+		select {
+		case <-waited:
+		case <-time.After(10 * time.Second):
+			t.Fatal("an offer made while the loop stopped was never answered")
+		}
+		if twice.Load() != 0 {
+			t.Fatalf("%d offers answered twice", twice.Load())
+		}
 	}
 }

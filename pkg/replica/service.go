@@ -29,11 +29,13 @@ type codec struct{}
 
 // Marshal implements encoding.Codec.
 func (codec) Marshal(v any) ([]byte, error) {
-	f, ok := v.(*Frame)
-	if !ok {
-		return nil, fmt.Errorf("replica codec: cannot marshal %T", v)
+	switch f := v.(type) {
+	case *Frame:
+		return f.Append(nil), nil
+	case Raw:
+		return f, nil
 	}
-	return f.Append(nil), nil
+	return nil, fmt.Errorf("replica codec: cannot marshal %T", v)
 }
 
 // Unmarshal implements encoding.Codec.

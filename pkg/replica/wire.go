@@ -192,6 +192,47 @@ func (f *Frame) Append(dst []byte) []byte {
 	return dst
 }
 
+// A frame is its items one after another, so a sender may encode each
+// item when it is made (on the goroutine that makes it) and send the
+// concatenation of whatever waits as one Raw frame.
+
+// AppendTicket appends ticket id's frame item for t to dst.
+func AppendTicket(dst []byte, id uint64, t *sched.Ticket) []byte {
+	tk := Ticket{ID: id, T: t}
+	return appendItem(dst, frameTickets, tk.append)
+}
+
+// AppendRelease appends a release event's frame item to dst.
+func AppendRelease(dst []byte, id uint64, ev Event) []byte {
+	r := Release{ID: id, Event: ev}
+	return appendItem(dst, frameReleases, r.append)
+}
+
+// AppendDecision appends a decision's frame item to dst.
+func AppendDecision(dst []byte, d *Decision) []byte {
+	return appendItem(dst, frameDecisions, d.append)
+}
+
+// appendItem appends field num holding the message enc writes, sized in
+// place: the length prefix is reserved at its largest and the message
+// moved back when its length takes fewer bytes.
+func appendItem(dst []byte, num protowire.Number, enc func([]byte) []byte) []byte {
+	dst = protowire.AppendTag(dst, num, protowire.BytesType)
+	at := len(dst)
+	dst = append(dst, 0, 0, 0, 0) // up to 256 MiB: larger than any frame
+	dst = enc(dst)
+	n := len(dst) - at - 4
+	var pre [4]byte
+	k := len(protowire.AppendVarint(pre[:0], uint64(n)))
+	protowire.AppendVarint(dst[at:at], uint64(n))
+	copy(dst[at+k:], dst[at+4:])
+	return dst[:len(dst)-(4-k)]
+}
+
+// Raw is an encoded frame (items appended with AppendTicket and the
+// others), sent as it is.
+type Raw []byte
+
 func appendMessage(dst []byte, num protowire.Number, msg []byte) []byte {
 	dst = protowire.AppendTag(dst, num, protowire.BytesType)
 	return protowire.AppendBytes(dst, msg)

@@ -151,3 +151,19 @@ func TestVersionCoversTheGrid(t *testing.T) {
 		t.Fatalf("pkg/affinity's grid changed (fingerprint %d, version 1 sent %d): raise replica.Version and pin the new grid", sum, gridV1)
 	}
 }
+
+// TestItemsMakeAFrame: items appended one by one, with their lengths sized
+// in place, are the frame's encoding.
+func TestItemsMakeAFrame(t *testing.T) {
+	long := schedtest.Ticket().Prompt(32 * 1024).Obj() // an item longer than 127 bytes
+	d := Decision{ID: 2, Kind: KindGrant, Endpoints: []string{"a:1"}}
+	var raw []byte
+	raw = AppendTicket(raw, 1, long)
+	raw = AppendTicket(raw, 3, &sched.Ticket{})
+	raw = AppendRelease(raw, 1, EventFirstByte)
+	raw = AppendDecision(raw, &d)
+	want := Frame{Tickets: []Ticket{{ID: 1, T: long}, {ID: 3, T: &sched.Ticket{}}}, Releases: []Release{{ID: 1, Event: EventFirstByte}}, Decisions: []Decision{d}}
+	if got := want.Append(nil); string(got) != string(raw) {
+		t.Fatalf("items encode to %d bytes, the frame to %d", len(raw), len(got))
+	}
+}
