@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -45,23 +46,38 @@ type Options struct {
 	Logger logr.Logger
 }
 
-// Gateway is an http.Handler that routes every request through the picker.
+// Gateway is an http.Handler that routes every request through a picker.
 type Gateway struct {
-	epp       *extprocclient.Client
+	epps      []*extprocclient.Client
+	next      atomic.Uint64 // round robin over epps
 	transport *http.Transport
 	opts      Options
+
+	// retried counts requests decided by another picker after theirs
+	// failed before deciding; unpicked, responses finished without their
+	// picker after it failed (FailoverStats).
+	retried, unpicked atomic.Int64
 }
 
-// New returns a Gateway that consults the picker behind conn.
-func New(conn grpc.ClientConnInterface, opts Options) *Gateway {
+// New returns a Gateway that consults the pickers behind conns, each
+// request the next one in turn (as a Service spreads a gateway's streams
+// over the picker's replicas). With several, a request whose picker fails
+// before deciding is asked of the next one (nothing was sent upstream),
+// and a response whose picker fails after deciding is finished without
+// it: every request is answered once while a picker dies.
+func New(conns []grpc.ClientConnInterface, opts Options) *Gateway {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 64 << 20
 	}
 	if opts.DialTimeout <= 0 {
 		opts.DialTimeout = 2 * time.Second
 	}
+	epps := make([]*extprocclient.Client, len(conns))
+	for i, c := range conns {
+		epps[i] = extprocclient.New(c, extprocclient.Options{})
+	}
 	return &Gateway{
-		epp: extprocclient.New(conn, extprocclient.Options{}),
+		epps: epps,
 		transport: &http.Transport{
 			// No Proxy: endpoints are pod addresses, never reached through
 			// an environment-configured proxy.
@@ -129,10 +145,22 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	reqHeader := stripHop(r.Header)
 	reqHeader.Del("Content-Length") // the client library sets the real one
-	ex, err := g.epp.Start(ctx, extprocclient.RequestSpec{
+	spec := extprocclient.RequestSpec{
 		Method: r.Method, Path: r.URL.RequestURI(), Authority: r.Host, Scheme: "http",
 		Headers: reqHeader, Body: body,
-	})
+	}
+	first := g.next.Add(1)
+	var ex *extprocclient.Exchange
+	for i := range uint64(len(g.epps)) {
+		ex, err = g.epps[(first+i)%uint64(len(g.epps))].Start(ctx, spec)
+		if err == nil || ctx.Err() != nil || len(g.epps) == 1 || !pickerGone(err) {
+			break
+		}
+		if i+1 < uint64(len(g.epps)) {
+			g.retried.Add(1)
+			g.opts.Logger.V(2).Info("endpoint picker failed before deciding; asking the next", "error", err.Error())
+		}
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client went away; nobody to answer
@@ -220,6 +248,13 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	respHeader := stripHop(resp.Header)
 	noBody := resp.Body == http.NoBody || resp.ContentLength == 0
 	mut, err := ex.SendResponseHeaders(resp.StatusCode, respHeader, noBody, served)
+	if err != nil && len(g.epps) > 1 && pickerGone(err) {
+		// The picker died after deciding: the request is upstream, and
+		// its response goes to the client without the picker.
+		g.unpicked.Add(1)
+		g.opts.Logger.V(2).Info("endpoint picker failed after deciding; finishing the response without it", "error", err.Error())
+		ex, mut, err = nil, &extprocclient.HeaderMutation{}, nil
+	}
 	if err != nil {
 		g.opts.Logger.V(2).Info("ext_proc response headers failed", "error", err.Error())
 		writeError(w, http.StatusBadGateway, "ext_proc_error", "endpoint picker failed on the response")
@@ -256,10 +291,19 @@ func (g *Gateway) streamBody(w http.ResponseWriter, body io.Reader, ex *extprocc
 		if n == 0 && !eos {
 			continue
 		}
-		out, err := ex.SendResponseBody(buf[:n], eos)
-		if err != nil {
-			g.opts.Logger.V(2).Info("ext_proc response body failed", "error", err.Error())
-			panic(http.ErrAbortHandler)
+		out := buf[:n]
+		if ex != nil {
+			var err error
+			out, err = ex.SendResponseBody(buf[:n], eos)
+			if err != nil && len(g.epps) > 1 && pickerGone(err) {
+				g.unpicked.Add(1)
+				g.opts.Logger.V(2).Info("endpoint picker failed after deciding; finishing the response without it", "error", err.Error())
+				ex, out, err = nil, buf[:n], nil
+			}
+			if err != nil {
+				g.opts.Logger.V(2).Info("ext_proc response body failed", "error", err.Error())
+				panic(http.ErrAbortHandler)
+			}
 		}
 		if len(out) > 0 {
 			if _, err := w.Write(out); err != nil {
@@ -273,6 +317,19 @@ func (g *Gateway) streamBody(w http.ResponseWriter, body io.Reader, ex *extprocc
 			return
 		}
 	}
+}
+
+// pickerGone reports whether err is a picker that went away (its
+// connection refused or broken), not an answer of a live one.
+func pickerGone(err error) bool {
+	return status.Code(err) == codes.Unavailable
+}
+
+// FailoverStats reports how many requests another picker decided after
+// theirs failed before deciding, and how many responses were finished
+// without their picker after it failed.
+func (g *Gateway) FailoverStats() (retried, unpicked int64) {
+	return g.retried.Load(), g.unpicked.Load()
 }
 
 // isConnectError reports whether err means no connection could be made, the
