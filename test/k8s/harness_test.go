@@ -286,10 +286,18 @@ type eppProc struct {
 // waitReady). At cleanup a live picker gets SIGTERM and must exit 0.
 func (e *env) startEPP(name, pool string, args ...string) *eppProc {
 	e.t.Helper()
+	return e.startEPPEnv(name, pool, nil, args...)
+}
+
+// startEPPEnv is startEPP with further environment variables.
+func (e *env) startEPPEnv(name, pool string, extraEnv []string, args ...string) *eppProc {
+	e.t.Helper()
 	// Only the kubeconfig flag may say where the API server is.
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, "KUBECONFIG=") || strings.HasPrefix(kv, "POD_NAMESPACE=") || strings.HasPrefix(kv, "KUBERNETES_SERVICE_")
+		return strings.HasPrefix(kv, "KUBECONFIG=") || strings.HasPrefix(kv, "POD_NAMESPACE=") || strings.HasPrefix(kv, "KUBERNETES_SERVICE_") ||
+			strings.HasPrefix(kv, "POD_IP=")
 	})
+	env = append(env, extraEnv...)
 	p := bins.RunEPP(e.t, launch.EPPOptions{
 		SkipReady: true,
 		Args: append([]string{
