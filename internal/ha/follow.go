@@ -43,6 +43,7 @@ const (
 	MetricStreams = "laneway_ha_streams_total"
 	MetricTickets = "laneway_ha_tickets_total"
 	MetricLinks   = "laneway_ha_follower_links"
+	MetricReoffer = "laneway_ha_reoffered_wait_seconds"
 )
 
 // Routes of laneway_ha_streams_total: where each request offered for a
@@ -92,6 +93,9 @@ type Tickets struct {
 	dial   func(holder string) (*grpc.ClientConn, error)
 	log    logr.Logger
 	routes map[string]prometheus.Counter
+	// reoffered observes, for each ticket offered again after its leader
+	// failed or refused it, the time from its first offer to its decision.
+	reoffered prometheus.Observer
 	// retryAfter is how long a link that failed is not dialled again.
 	retryAfter time.Duration
 
@@ -109,11 +113,16 @@ func NewTickets(cfg TicketsConfig) (*Tickets, error) {
 	for _, r := range []string{routeLeader, routeForwarded, routeLocal, routeFallback, routeReoffered} {
 		children[r] = routes.WithLabelValues(r)
 	}
-	if err := cfg.Registry.Register(routes); err != nil {
-		return nil, fmt.Errorf("register %s: %w", MetricStreams, err)
+	reoffered := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    MetricReoffer,
+		Help:    "Tickets offered again after their leader failed or refused them before deciding: the time from the first offer to the decision (here or by the next leader).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 9), // 1 ms to 65 s
+	})
+	if err := errors.Join(cfg.Registry.Register(routes), cfg.Registry.Register(reoffered)); err != nil {
+		return nil, fmt.Errorf("register the tickets' series: %w", err)
 	}
 	return &Tickets{view: cfg.Leader, self: cfg.Self, local: cfg.Local, dial: cfg.TLS.dialer(), log: cfg.Log,
-		routes: children, retryAfter: time.Second, links: map[string]*link{}}, nil
+		routes: children, reoffered: reoffered, retryAfter: time.Second, links: map[string]*link{}}, nil
 }
 
 // localOnlyKey marks a request context whose request must be decided
@@ -142,17 +151,19 @@ func (c *Tickets) Acquire(ctx context.Context, t *sched.Ticket) (*sched.Grant, e
 			l = c.linkTo(holder)
 		}
 		if l == nil {
-			route := routeLocal
-			if failed != "" {
-				route = routeFallback
+			if failed == "" {
+				return c.decideHere(ctx, t, start, routeLocal)
 			}
-			return c.decideHere(ctx, t, start, route)
+			g, err := c.decideHere(ctx, t, start, routeFallback)
+			c.reoffered.Observe(time.Since(start).Seconds())
+			return g, err
 		}
 		g, err, again := l.acquire(ctx, t, start)
 		if !again {
 			if err == nil || !isContextErr(err) {
 				if failed != "" {
 					c.routes[routeReoffered].Inc()
+					c.reoffered.Observe(time.Since(start).Seconds())
 				} else {
 					c.routes[routeForwarded].Inc()
 				}

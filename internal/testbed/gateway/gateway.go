@@ -320,9 +320,10 @@ func (g *Gateway) streamBody(w http.ResponseWriter, body io.Reader, ex *extprocc
 }
 
 // pickerGone reports whether err is a picker that went away (its
-// connection refused or broken), not an answer of a live one.
+// connection refused or broken; a send on a stream the server ended
+// reports io.EOF), not an answer of a live one.
 func pickerGone(err error) bool {
-	return status.Code(err) == codes.Unavailable
+	return status.Code(err) == codes.Unavailable || errors.Is(err, io.EOF)
 }
 
 // FailoverStats reports how many requests another picker decided after
