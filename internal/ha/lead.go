@@ -194,6 +194,8 @@ func (l *followerLink) ticket(tk replica.Ticket) error {
 		return status.Errorf(codes.InvalidArgument, "ticket %d offered twice on one link", o.id)
 	}
 	if reason := l.s.gate(); reason != "" {
+		replica.PutChain(o.t.Blocks)
+		o.t.Blocks = nil
 		l.answerLocked(answer{o: o, refuse: reason})
 		l.mu.Unlock()
 		return nil
@@ -208,6 +210,9 @@ func (l *followerLink) ticket(tk replica.Ticket) error {
 // block. A ticket the follower cancelled meanwhile, or of a link that
 // ended, has its grant given back instead.
 func (l *followerLink) decided(o *offer, g *sched.Grant, err error) {
+	// The core is done with the ticket's chain: the request left it.
+	replica.PutChain(o.t.Blocks)
+	o.t.Blocks = nil
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.offers[o.id] != o { // cancelled, or the link ended
@@ -304,6 +309,7 @@ func (l *followerLink) send(stream grpc.ServerStream) {
 		case <-l.done:
 			return
 		}
+		linger()
 		l.mu.Lock()
 		pending, l.answers = l.answers, pending[:0]
 		l.mu.Unlock()

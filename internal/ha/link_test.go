@@ -16,7 +16,7 @@ import (
 
 // replicaDir writes a replica identity issued by ca into a new folder and
 // loads it.
-func replicaDir(t *testing.T, ca *tlsutil.CA) (string, *PeerTLS) {
+func replicaDir(t testing.TB, ca *tlsutil.CA) (string, *PeerTLS) {
 	t.Helper()
 	dir := t.TempDir()
 	if err := ca.WriteReplica(dir, "laneway-epp"); err != nil {
@@ -29,7 +29,7 @@ func replicaDir(t *testing.T, ca *tlsutil.CA) (string, *PeerTLS) {
 	return dir, p
 }
 
-func newCA(t *testing.T, name string) *tlsutil.CA {
+func newCA(t testing.TB, name string) *tlsutil.CA {
 	t.Helper()
 	ca, err := tlsutil.NewCA(name)
 	if err != nil {

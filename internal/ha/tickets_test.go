@@ -41,9 +41,15 @@ func lanePolicy(limit uint64) *sched.Policy {
 }
 
 // startDispatcher runs a dispatcher over one endpoint until the test ends.
-func startDispatcher(t *testing.T, limit uint64, ep string) *dispatcher.Dispatcher {
+func startDispatcher(t testing.TB, limit uint64, ep string) *dispatcher.Dispatcher {
 	t.Helper()
-	d, err := dispatcher.New(lanePolicy(limit), dispatcher.Options{})
+	return startDispatcherOf(t, lanePolicy(limit), ep)
+}
+
+// startDispatcherOf runs a dispatcher with pol over one endpoint.
+func startDispatcherOf(t testing.TB, pol *sched.Policy, ep string) *dispatcher.Dispatcher {
+	t.Helper()
+	d, err := dispatcher.New(pol, dispatcher.Options{Options: sched.Options{Prefix: &sched.PrefixOptions{}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,14 +97,20 @@ type leader struct {
 	logs   *logLines
 }
 
-func startLeader(t *testing.T, ca *tlsutil.CA, limit uint64, ep string) *leader {
+func startLeader(t testing.TB, ca *tlsutil.CA, limit uint64, ep string) *leader {
+	t.Helper()
+	return startLeaderOf(t, ca, lanePolicy(limit), ep)
+}
+
+// startLeaderOf is startLeader with the policy pol.
+func startLeaderOf(t testing.TB, ca *tlsutil.CA, pol *sched.Policy, ep string) *leader {
 	t.Helper()
 	_, peers := replicaDir(t, ca)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &leader{d: startDispatcher(t, limit, ep), holder: holderIdentity("leader", ln.Addr().String(), "0a"), reg: prometheus.NewRegistry(), logs: &logLines{}}
+	l := &leader{d: startDispatcherOf(t, pol, ep), holder: holderIdentity("leader", ln.Addr().String(), "0a"), reg: prometheus.NewRegistry(), logs: &logLines{}}
 	l.gate.Store(new(string))
 	ts, err := NewTicketServer(TicketServerConfig{Scheduler: l.d, Self: l.holder, Gate: func() string { return *l.gate.Load() },
 		Answer: replyOf, Registry: l.reg, Log: l.logs.logger()})
@@ -122,7 +134,7 @@ type follower struct {
 	logs *logLines
 }
 
-func startFollower(t *testing.T, ca *tlsutil.CA, ep string) *follower {
+func startFollower(t testing.TB, ca *tlsutil.CA, ep string) *follower {
 	t.Helper()
 	_, peers := replicaDir(t, ca)
 	f := &follower{d: startDispatcher(t, 1000, ep), view: &view{}, reg: prometheus.NewRegistry(), logs: &logLines{}}
@@ -136,7 +148,7 @@ func startFollower(t *testing.T, ca *tlsutil.CA, ep string) *follower {
 }
 
 // follow points the follower at l and waits until its link is up.
-func (f *follower) follow(t *testing.T, l *leader) {
+func (f *follower) follow(t testing.TB, l *leader) {
 	t.Helper()
 	f.view.set(l.holder)
 	if f.c.linkTo(l.holder) != nil {

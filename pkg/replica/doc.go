@@ -24,7 +24,7 @@
 // Compact tickets: most of a long prompt's ticket is its block hashes
 // (2,048 of them, 16 kB, for a 32k-token prompt at 16 tokens a block).
 // The leader's prefix index reads a hash chain only at the positions of
-// its sparse grid and at the chain's last position (affinity.GridCount),
+// its sparse grid and at the chain's last position (affinity.GridStride),
 // and the core asks it only about the cacheable prefix
 // (sched.CacheableBlocks), whose last position is the only other one
 // read. A ticket carries the chain's length and the hashes at exactly

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -517,7 +518,7 @@ func (tk *Ticket) decode(b []byte) error {
 	if k := sparseCount(n, nc); len(blocks) != 8*k {
 		return malformed("ticket %d: %d bytes of block hashes for %d blocks, want %d hashes", tk.ID, len(blocks), n, k)
 	}
-	chain := make([]uint64, n)
+	chain := getChain(n)
 	forSparse(n, nc, func(p int) {
 		chain[p], _ = protowire.ConsumeFixed64(blocks)
 		blocks = blocks[8:]
@@ -566,6 +567,34 @@ func (d *Decision) decode(b []byte) error {
 	})
 }
 
+// chains recycles rebuilt hash chains (a 32k-token prompt's is 16 kB):
+// PutChain gives one back once the core is done with its ticket.
+var chains sync.Pool
+
+// maxPooledChain bounds the chains kept (a 16 MiB body could make one of
+// several MiB).
+const maxPooledChain = 1 << 16
+
+// getChain returns a zeroed chain of n hashes.
+func getChain(n int) []uint64 {
+	if p, ok := chains.Get().(*[]uint64); ok && cap(*p) >= n {
+		c := (*p)[:n]
+		clear(c)
+		return c
+	}
+	return make([]uint64, n)
+}
+
+// PutChain recycles the Blocks of a decoded ticket once nothing reads
+// them any more (the core is done with a request when it left: granted
+// or answered).
+func PutChain(c []uint64) {
+	if cap(c) == 0 || cap(c) > maxPooledChain {
+		return
+	}
+	chains.Put(&c)
+}
+
 // sparseCount is how many hashes a ticket of n blocks, nc of them
 // cacheable, carries.
 func sparseCount(n, nc int) int {
@@ -577,18 +606,15 @@ func sparseCount(n, nc int) int {
 // forSparse calls fn with each position a ticket of n blocks (nc of them
 // cacheable) carries, in wire order: the grid positions below n, then the
 // last cacheable position and the last position when they are not on the
-// grid (the only other positions the index reads: affinity.GridCount).
+// grid (the only other positions the index reads: affinity.GridStride).
 func forSparse(n, nc int, fn func(p int)) {
-	for i := range affinity.GridCount(n) {
-		fn(affinity.GridPos(i))
-	}
-	if p := nc - 1; p >= 0 && p < n-1 && !onGrid(p) {
+	for p := 0; p < n; p += affinity.GridStride(p) {
 		fn(p)
 	}
-	if p := n - 1; p >= 0 && !onGrid(p) {
+	if p := nc - 1; p >= 0 && p < n-1 && !affinity.OnGrid(p) {
+		fn(p)
+	}
+	if p := n - 1; p >= 0 && !affinity.OnGrid(p) {
 		fn(p)
 	}
 }
-
-// onGrid reports whether block position p is on the index's grid.
-func onGrid(p int) bool { return affinity.GridCount(p+1) > affinity.GridCount(p) }
