@@ -23,7 +23,9 @@ func compare(ctx context.Context, f *flags, lane *picker, cfg load.Config, level
 	for _, want := range []struct {
 		on    bool
 		spawn func(context.Context, *flags) (*picker, func(), error)
-	}{{tk.compare, func(ctx context.Context, f *flags) (*picker, func(), error) { return spawnFollower(ctx, f, lane.r.PickerCPU) }},
+	}{{tk.compare, func(ctx context.Context, f *flags) (*picker, func(), error) {
+		return spawnFollower(ctx, f, lane.r.PickerCPU)
+	}},
 		{lw.compare, spawnLWEPP}, {f.floor, spawnFloor}} {
 		if !want.on {
 			continue

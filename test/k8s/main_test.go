@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
-	"github.com/laneway-dev/laneway/internal/tlsutil"
 	"github.com/laneway-dev/laneway/internal/testbed/testenv"
+	"github.com/laneway-dev/laneway/internal/tlsutil"
 )
 
 // Shared by every test: the API server (as cluster admin, for the test's
