@@ -176,6 +176,11 @@ func (d *Dispatcher) publishBlockSize() {
 	}
 }
 
+// HasQueue reports whether the loop held queued requests when it last
+// looked (every turn): release events are then wanted at once, since one
+// may let a request go. Safe for concurrent use.
+func (d *Dispatcher) HasQueue() bool { return d.hasQueue.Load() }
+
 // mailbox is the core's Releaser: the dispatcher's mailbox.
 type mailbox struct{ d *Dispatcher }
 

@@ -247,7 +247,7 @@ func NewElector(cfg ElectorConfig) (*Elector, error) {
 // its own has started and not ended).
 func (e *Elector) IsLeader() bool { return e.leading.Load() }
 
-// Leader is the holder identity of the leader to forward to: another
+// Leader is the holder identity of the leader to send tickets to: another
 // replica whose hold on the Lease this one saw renewed within its
 // duration. "" when there is none: this replica leads, no fresh holder is
 // known, or the record still names this replica after its term ended.

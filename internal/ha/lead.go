@@ -22,6 +22,9 @@ import (
 type Scheduler interface {
 	Offer(t *sched.Ticket, done func(*sched.Grant, error)) *dispatcher.Offered
 	Cancel(o *dispatcher.Offered)
+	// HasQueue reports whether requests are queued: followers then send
+	// their release events at once.
+	HasQueue() bool
 }
 
 // TicketServerConfig configures NewTicketServer.
@@ -327,7 +330,7 @@ func (l *followerLink) send(stream grpc.ServerStream) {
 
 // encode is one answer's frame item.
 func (l *followerLink) encode(a *answer) []byte {
-	d := replica.Decision{ID: a.o.id}
+	d := replica.Decision{ID: a.o.id, Queued: l.s.sched.HasQueue()}
 	switch {
 	case a.refuse != "":
 		d.Kind, d.Reason = replica.KindRetry, a.refuse

@@ -114,6 +114,10 @@ type Decision struct {
 	Message    string
 	Body       []byte
 	RetryAfter time.Duration
+	// Queued says the leader held queued requests when it sent the
+	// decision: the follower's release events may let one go, so they
+	// are wanted at once rather than with the next frame.
+	Queued bool
 }
 
 // Field numbers (replica.proto).
@@ -160,6 +164,7 @@ const (
 	decisionMessage    = 10
 	decisionBody       = 11
 	decisionRetryNanos = 12
+	decisionQueued     = 13
 )
 
 // Limits a decoder enforces, so that a corrupt or hostile frame cannot
@@ -326,7 +331,8 @@ func (d *Decision) append(dst []byte) []byte {
 		dst = protowire.AppendTag(dst, decisionBody, protowire.BytesType)
 		dst = protowire.AppendBytes(dst, d.Body)
 	}
-	return appendVarint(dst, decisionRetryNanos, uint64(max(0, d.RetryAfter)))
+	dst = appendVarint(dst, decisionRetryNanos, uint64(max(0, d.RetryAfter)))
+	return appendBool(dst, decisionQueued, d.Queued)
 }
 
 // ErrMalformed wraps every decoding error.
@@ -562,6 +568,8 @@ func (d *Decision) decode(b []byte) error {
 			d.Status = intOf(v)
 		case decisionRetryNanos:
 			d.RetryAfter = time.Duration(min(v, math.MaxInt64))
+		case decisionQueued:
+			d.Queued = v != 0
 		}
 		return nil
 	})

@@ -54,7 +54,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		}}},
 		{"releases", Frame{Releases: []Release{{ID: 1, Event: EventFirstByte}, {ID: 1, Event: EventDone}, {ID: 9, Event: EventCancel}}}},
 		{"decisions", Frame{Decisions: []Decision{
-			{ID: 1, Kind: KindGrant, Endpoints: []string{"10.0.0.1:8000", "10.0.0.2:8000"}, Engine: policy.EngineSGLang, Priority: -3, Cached: 512, Class: 2},
+			{ID: 1, Kind: KindGrant, Endpoints: []string{"10.0.0.1:8000", "10.0.0.2:8000"}, Engine: policy.EngineSGLang, Priority: -3, Cached: 512, Class: 2, Queued: true},
 			{ID: 2, Kind: KindReply, Status: 429, Reason: "queue_limit", Message: "full", Body: []byte(`{"error":"full"}`), RetryAfter: 3 * time.Second},
 			{ID: 3, Kind: KindRetry, Reason: "shutting_down"},
 		}}},
