@@ -80,12 +80,14 @@
 //     grant that crossed the cancel on the wire.
 //   - A follower's link ending on the leader (crash, network cut,
 //     shutdown) takes back everything it held: its queued tickets leave
-//     the queue, its grants are given back as done (lost). The requests
-//     may still be running on their engines, so the endpoints are
-//     under-counted until their own counters catch up; pkg/sched's
-//     engine-truth accounting, when it lands, is where such grants belong
-//     instead. The follower drops the old link's release events and links
-//     again at its next request (after a second).
+//     the queue, its grants are given back as done (lost). A lost grant
+//     whose first byte was reported only stops counting as decoding; one
+//     whose first byte was not keeps its prefill charge in its endpoint's
+//     engine ledger (pkg/sched, SPEC §5 "Accounting without response
+//     events") until the engine's own counters say the prompt left
+//     prefill, as a header-only gateway's grant does. The follower drops
+//     the old link's release events and links again at its next request
+//     (after a second).
 //
 // Cost: a request on a replica that leads pays one atomic load; a ticket
 // one encoding (linear in its sparse hashes, on the request's goroutine),

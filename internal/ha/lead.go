@@ -295,11 +295,12 @@ func (l *followerLink) end() {
 }
 
 // lost gives back a grant whose follower can no longer report its events
-// (its link ended): as a done, counted as if the response had ended now.
-// The request may still be running on its engine, so its endpoint is
-// under-counted until the engine's own counters catch up; pkg/sched's
-// engine-truth accounting, when it lands, is where such a grant belongs
-// instead.
+// (its link ended) as a done. The request may still be running on its
+// engine: a grant whose first byte was not reported keeps its prefill
+// charge in the endpoint's engine ledger until the engine's counters say
+// the prompt left prefill (pkg/sched, SPEC §5), exactly as a header-only
+// gateway's grant does; one past its first byte only stops counting as
+// decoding.
 func lost(g *sched.Grant) { g.Done() }
 
 // send encodes and writes the answers until the link ends.
