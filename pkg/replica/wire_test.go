@@ -135,6 +135,15 @@ func TestSparseSizes(t *testing.T) {
 		t.Logf("%d-token ticket: %d blocks, %d hashes sent, %d bytes on the wire (whole chain: %d bytes)",
 			tc.tokens, len(tk.Blocks), tc.hashes, len(b), 8*len(tk.Blocks))
 	}
+	// What comes back for each ticket: a grant with one fallback, and
+	// the first byte's and the done's release events.
+	grant := AppendDecision(nil, &Decision{ID: 1 << 20, Kind: KindGrant, Endpoints: []string{"10.244.12.34:8000", "10.244.12.35:8000"},
+		Engine: policy.EngineVLLM, Cached: 4096, Class: 1})
+	releases := AppendRelease(AppendRelease(nil, 1<<20, EventFirstByte), 1<<20, EventDone)
+	t.Logf("a grant with one fallback: %d bytes; its two release events: %d bytes", len(grant), len(releases))
+	if len(grant) > 64 || len(releases) > 20 {
+		t.Errorf("grant %d bytes, releases %d bytes: want at most 64 and 20", len(grant), len(releases))
+	}
 }
 
 // TestVersionCoversTheGrid pins the sparse grid this Version sends: a
