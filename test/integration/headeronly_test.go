@@ -148,7 +148,6 @@ func TestHeaderOnlyClients(t *testing.T) {
 // single-picker band (premium >= 240, regular >= 48 at 512:128), each
 // picker dispatching exactly its half and every request answered once.
 //
-//
 // Behind header-only gateways each picker releases its grants from the
 // engine's counters, which the other picker's prompts grow too; it takes
 // only its share of the growth when strangers wait in the engine, but
