@@ -1,0 +1,186 @@
+package autothreshold
+
+import (
+	"time"
+)
+
+// Window is the shortest decision window: the controller moves at most
+// once per Window, and only on evidence that held at every scrape of it.
+// Half a second spans one step of an engine with a full 8192-token budget
+// (about 0.4 s) and five scrapes at the picker's default interval.
+const Window = int64(500 * time.Millisecond)
+
+// MinScrapes is the fewest scrapes a decision reads.
+const MinScrapes = 3
+
+// UnknownBudget is the start of an endpoint whose step budget is unknown,
+// as the busy test assumes for fractions (policy.UnknownMaxBatchedTokens):
+// such an endpoint is not made busy until its engine shows a queue.
+const UnknownBudget = 10_000_000
+
+// Bounds of the threshold, relative to the step budget B.
+const (
+	// CeilingFactor: T <= CeilingFactor × B.
+	CeilingFactor = 4
+	// FloorDivisor: T >= B / FloorDivisor (and >= 1).
+	FloorDivisor = 16
+)
+
+// Sample is one fresh scrape of the endpoint as the controller reads it.
+type Sample struct {
+	// At is when the scrape was applied (nanoseconds on the core's clock).
+	At int64
+	// Waiting is the engine's num_requests_waiting; HasWaiting says the
+	// engine reports it (without it the controller holds).
+	Waiting    int
+	HasWaiting bool
+	// Load is the picker's in-prefill tokens at the endpoint (its busy
+	// test's load).
+	Load uint64
+	// MeanPrompt is the mean prompt (uncached tokens) the picker
+	// dispatches; a request in the engine's queue counts as this many.
+	MeanPrompt uint64
+	// Held says the picker holds requests the endpoint was busy for.
+	Held bool
+}
+
+// Move is what one observation did to the threshold.
+type Move int8
+
+// Moves.
+const (
+	Hold Move = iota
+	Raise
+	Lower
+)
+
+func (m Move) String() string {
+	switch m {
+	case Raise:
+		return "raise"
+	case Lower:
+		return "lower"
+	}
+	return "hold"
+}
+
+// Controller is one endpoint's auto threshold. The zero value is not
+// ready; use New.
+type Controller struct {
+	budget uint64 // step budget, 0 unknown
+	t      uint64
+	lo, hi uint64
+
+	// The current window: opened at the first sample after a decision.
+	open     bool
+	winAt    int64
+	n        int
+	minW     int
+	maxW     int
+	heldAll  bool
+	canJudge bool // every sample of the window had the waiting count
+}
+
+// New returns a controller for an endpoint with step budget budget (its
+// max_num_batched_tokens; 0: unknown).
+func New(budget uint64) *Controller {
+	c := &Controller{}
+	c.Reset(budget)
+	return c
+}
+
+// Reset starts over for step budget budget: after an engine restart, or
+// when the endpoint's step budget changed.
+func (c *Controller) Reset(budget uint64) {
+	c.budget = budget
+	if budget == 0 {
+		c.t, c.lo, c.hi = UnknownBudget, 1, UnknownBudget
+	} else {
+		c.lo = max(budget/FloorDivisor, 1)
+		c.hi = satMul(budget, CeilingFactor)
+		c.t = budget
+	}
+	c.open = false
+}
+
+// Budget is the step budget the controller was reset for (0: unknown).
+func (c *Controller) Budget() uint64 { return c.budget }
+
+// Threshold is the threshold in force: the endpoint is busy for an auto
+// class when its load is above it.
+func (c *Controller) Threshold() uint64 { return c.t }
+
+// Bounds are the lowest and highest thresholds the controller may set.
+func (c *Controller) Bounds() (lo, hi uint64) { return c.lo, c.hi }
+
+// Band is the engine waiting queue, in tokens, the rule tolerates for
+// mean prompt p: max(B/4, 2p) (B/4 is taken as 0 when B is unknown).
+func (c *Controller) Band(p uint64) uint64 {
+	return max(c.budget/4, satMul(max(p, 1), 2))
+}
+
+// Observe folds one fresh scrape in and, at the end of a decision window,
+// moves the threshold by the rule of the package documentation. It
+// reports the move.
+func (c *Controller) Observe(s Sample) Move {
+	if !c.open {
+		c.open, c.winAt, c.n = true, s.At, 0
+		c.minW, c.maxW, c.heldAll, c.canJudge = s.Waiting, s.Waiting, true, true
+	}
+	c.n++
+	c.minW, c.maxW = min(c.minW, s.Waiting), max(c.maxW, s.Waiting)
+	c.heldAll = c.heldAll && s.Held
+	c.canJudge = c.canJudge && s.HasWaiting
+	if s.At-c.winAt < Window || c.n < MinScrapes {
+		return Hold
+	}
+	c.open = false
+	if !c.canJudge {
+		return Hold
+	}
+	p := max(s.MeanPrompt, 1)
+	band := c.Band(p)
+	switch {
+	case satMul(uint64(max(c.minW, 0)), p) > band:
+		// The engine kept more than the band waiting all window long.
+		queued := satMul(uint64(max(s.Waiting, 0)), p)
+		intake := subSat(s.Load, queued)
+		target := min(satAdd(intake, band/2), subSat(c.t, p))
+		target = max(target, c.lo)
+		if target < c.t {
+			c.t = target
+			return Lower
+		}
+	case c.heldAll && c.maxW == 0 && c.budget > 0:
+		// The picker held requests and the engine took every one it was
+		// given, all window long: the threshold starves it.
+		step := min(max(c.t/8, p), band/2)
+		target := min(satAdd(c.t, step), c.hi)
+		if target > c.t {
+			c.t = target
+			return Raise
+		}
+	}
+	return Hold
+}
+
+func satMul(a, b uint64) uint64 {
+	if a != 0 && b > ^uint64(0)/a {
+		return ^uint64(0)
+	}
+	return a * b
+}
+
+func satAdd(a, b uint64) uint64 {
+	if a > ^uint64(0)-b {
+		return ^uint64(0)
+	}
+	return a + b
+}
+
+func subSat(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
+}
