@@ -18,7 +18,10 @@ type Options struct {
 	Seed uint64
 	// ScrapeInterval, when > 0, feeds each server's engine metrics to the
 	// core every interval (staggered across servers), as the picker's
-	// scraper does, and makes the core expect them. 0: no scraping.
+	// scraper does, and makes the core expect them. 0: no scraping, except
+	// for a policy with an auto threshold, which reads the engine's
+	// counters as the picker does: it is scraped at the picker's default
+	// interval (podmetrics.DefaultScrapeInterval).
 	ScrapeInterval time.Duration
 	// Retries is how many times a request answered 429 is offered again,
 	// RetryDelay after each answer. 0: a 429 is final.
@@ -126,6 +129,9 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 		return nil, err
 	}
 	pol := sched.FromCompiled(p.Compiled)
+	if opts.ScrapeInterval == 0 && p.Auto() {
+		opts.ScrapeInterval = podmetrics.DefaultScrapeInterval
+	}
 	bs, capacity := 0, uint64(math.MaxUint64)
 	for _, s := range f.Servers {
 		bs = max(bs, s.Engine.BlockSize)
