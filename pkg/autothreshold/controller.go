@@ -18,6 +18,18 @@ const MinScrapes = 3
 // such an endpoint is not made busy until its engine shows a queue.
 const UnknownBudget = 10_000_000
 
+// Start is where the threshold starts, and the highest a starved engine
+// that is never idle raises it to, as a fraction StartNum/StartDen of the
+// step budget B: a step of 7/8 B prompt tokens spends about as large a
+// share of its time on the step's fixed cost (the decodes) as a full one,
+// so the engine runs within about 1% of its full prefill rate (the README
+// workload: 0.2% below), and each step, hence the time to first token,
+// is an eighth shorter than at B.
+const (
+	StartNum = 7
+	StartDen = 8
+)
+
 // Bounds of the threshold, relative to the step budget B.
 const (
 	// CeilingFactor: T <= CeilingFactor × B.
@@ -34,6 +46,10 @@ type Sample struct {
 	// engine reports it (without it the controller holds).
 	Waiting    int
 	HasWaiting bool
+	// Running is the engine's num_requests_running, when HasRunning (an
+	// engine without it is never taken as idle).
+	Running    int
+	HasRunning bool
 	// Load is the picker's in-prefill tokens at the endpoint (its busy
 	// test's load).
 	Load uint64
@@ -70,6 +86,7 @@ type Controller struct {
 	budget uint64 // step budget, 0 unknown
 	t      uint64
 	lo, hi uint64
+	start  uint64 // StartNum/StartDen of the budget
 
 	// The current window: opened at the first sample after a decision.
 	open     bool
@@ -78,6 +95,7 @@ type Controller struct {
 	minW     int
 	maxW     int
 	heldAll  bool
+	idleAll  bool // the engine held no request at any scrape of the window
 	canJudge bool // every sample of the window had the waiting count
 }
 
@@ -94,11 +112,12 @@ func New(budget uint64) *Controller {
 func (c *Controller) Reset(budget uint64) {
 	c.budget = budget
 	if budget == 0 {
-		c.t, c.lo, c.hi = UnknownBudget, 1, UnknownBudget
+		c.t, c.lo, c.hi, c.start = UnknownBudget, 1, UnknownBudget, UnknownBudget
 	} else {
 		c.lo = max(budget/FloorDivisor, 1)
 		c.hi = satMul(budget, CeilingFactor)
-		c.t = budget
+		c.start = max(satMul(budget, StartNum)/StartDen, c.lo)
+		c.t = c.start
 	}
 	c.open = false
 }
@@ -125,11 +144,12 @@ func (c *Controller) Band(p uint64) uint64 {
 func (c *Controller) Observe(s Sample) Move {
 	if !c.open {
 		c.open, c.winAt, c.n = true, s.At, 0
-		c.minW, c.maxW, c.heldAll, c.canJudge = s.Waiting, s.Waiting, true, true
+		c.minW, c.maxW, c.heldAll, c.idleAll, c.canJudge = s.Waiting, s.Waiting, true, true, true
 	}
 	c.n++
 	c.minW, c.maxW = min(c.minW, s.Waiting), max(c.maxW, s.Waiting)
 	c.heldAll = c.heldAll && s.Held
+	c.idleAll = c.idleAll && s.HasWaiting && s.HasRunning && s.Waiting <= 0 && s.Running <= 0
 	c.canJudge = c.canJudge && s.HasWaiting
 	if s.At-c.winAt < Window || c.n < MinScrapes {
 		return Hold
@@ -151,11 +171,19 @@ func (c *Controller) Observe(s Sample) Move {
 			c.t = target
 			return Lower
 		}
-	case c.heldAll && c.maxW == 0 && c.budget > 0:
+	case c.heldAll && c.maxW == 0 && c.budget > 0 && (c.t < c.start || c.idleAll):
 		// The picker held requests and the engine took every one it was
-		// given, all window long: the threshold starves it.
+		// given, all window long: below the start, the threshold starves
+		// it; above, only an engine seen idle at every scrape is starved
+		// (an engine that queues nothing itself, admitting every request
+		// it is sent to its running batch, shows no waiting queue at any
+		// threshold).
 		step := min(max(c.t/8, p), band/2)
-		target := min(satAdd(c.t, step), c.hi)
+		ceiling := c.hi
+		if !c.idleAll {
+			ceiling = max(c.start, c.t)
+		}
+		target := min(satAdd(c.t, step), ceiling)
 		if target > c.t {
 			c.t = target
 			return Raise

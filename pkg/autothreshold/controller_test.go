@@ -32,24 +32,36 @@ func TestRule(t *testing.T) {
 		move   Move
 		want   uint64
 	}{
-		{name: "starts at the step budget, holds in the band",
+		{name: "starts at 7/8 of the step budget, holds in the band",
 			budget: 8192, s: Sample{Waiting: 2, HasWaiting: true, Load: 9000, MeanPrompt: 512, Held: true},
-			move: Hold, want: 8192},
-		{name: "starved engine: raise by T/8",
-			budget: 8192, s: Sample{Waiting: 0, HasWaiting: true, Load: 8192, MeanPrompt: 512, Held: true},
-			move: Raise, want: 8192 + 1024},
+			move: Hold, want: 7168},
+		{name: "below the start, a starved engine: raise by T/8",
+			budget: 8192, start: 4096, s: Sample{Waiting: 0, HasWaiting: true, Running: 8, HasRunning: true, Load: 4096, MeanPrompt: 512, Held: true},
+			move: Raise, want: 4096 + 512},
+		{name: "a raise below the start stops at the start",
+			budget: 8192, start: 7000, s: Sample{Waiting: 0, HasWaiting: true, Running: 8, HasRunning: true, Load: 7000, MeanPrompt: 512, Held: true},
+			move: Raise, want: 7168},
+		{name: "at the start, an engine that is busy but queues nothing: hold",
+			budget: 8192, s: Sample{Waiting: 0, HasWaiting: true, Running: 16, HasRunning: true, Load: 7168, MeanPrompt: 512, Held: true},
+			move: Hold, want: 7168},
+		{name: "at the start, an idle engine with work held: raise",
+			budget: 8192, s: Sample{Waiting: 0, HasWaiting: true, Running: 0, HasRunning: true, Load: 7168, MeanPrompt: 512, Held: true},
+			move: Raise, want: 7168 + 896},
+		{name: "an idle engine without a running count is not idle",
+			budget: 8192, s: Sample{Waiting: 0, HasWaiting: true, Load: 7168, MeanPrompt: 512, Held: true},
+			move: Hold, want: 7168},
 		{name: "raise is at most half the band",
-			budget: 8192, start: 30000, s: Sample{Waiting: 0, HasWaiting: true, Load: 30000, MeanPrompt: 512, Held: true},
+			budget: 8192, start: 30000, s: Sample{Waiting: 0, HasWaiting: true, HasRunning: true, Load: 30000, MeanPrompt: 512, Held: true},
 			move: Raise, want: 30000 + 1024},
 		{name: "raise is at least one prompt",
 			budget: 8192, start: 600, s: Sample{Waiting: 0, HasWaiting: true, Load: 600, MeanPrompt: 512, Held: true},
 			move: Raise, want: 600 + 512},
 		{name: "raise stops at the ceiling",
-			budget: 8192, start: 4*8192 - 100, s: Sample{Waiting: 0, HasWaiting: true, Load: 32000, MeanPrompt: 512, Held: true},
+			budget: 8192, start: 4*8192 - 100, s: Sample{Waiting: 0, HasWaiting: true, HasRunning: true, Load: 32000, MeanPrompt: 512, Held: true},
 			move: Raise, want: 4 * 8192},
 		{name: "engine empty but nothing held: hold",
-			budget: 8192, s: Sample{Waiting: 0, HasWaiting: true, Load: 100, MeanPrompt: 512},
-			move: Hold, want: 8192},
+			budget: 8192, s: Sample{Waiting: 0, HasWaiting: true, HasRunning: true, Load: 100, MeanPrompt: 512},
+			move: Hold, want: 7168},
 		{name: "queue over the band: lower to the intake plus half the band",
 			budget: 8192, s: Sample{Waiting: 12, HasWaiting: true, Load: 16 * 512, MeanPrompt: 512, Held: true},
 			move: Lower, want: 4*512 + 1024},
@@ -60,8 +72,8 @@ func TestRule(t *testing.T) {
 			budget: 8192, start: 3000, s: Sample{Waiting: 6, HasWaiting: true, Load: 100000, MeanPrompt: 512},
 			move: Lower, want: 3000 - 512},
 		{name: "no waiting count: hold",
-			budget: 8192, s: Sample{Waiting: 0, Load: 8192, MeanPrompt: 512, Held: true},
-			move: Hold, want: 8192},
+			budget: 8192, start: 4096, s: Sample{Waiting: 0, HasRunning: true, Load: 8192, MeanPrompt: 512, Held: true},
+			move: Hold, want: 4096},
 		{name: "unknown budget never raises",
 			budget: 0, s: Sample{Waiting: 0, HasWaiting: true, Load: 8192, MeanPrompt: 512, Held: true},
 			move: Hold, want: UnknownBudget},
@@ -96,7 +108,7 @@ func TestMixedWindowHolds(t *testing.T) {
 			t.Fatalf("scrape %d: %v", i, m)
 		}
 	}
-	if c.Threshold() != 8192 {
+	if c.Threshold() != 7168 {
 		t.Fatalf("threshold %d", c.Threshold())
 	}
 }
@@ -123,29 +135,31 @@ func TestWindowLength(t *testing.T) {
 func TestReset(t *testing.T) {
 	c := New(8192)
 	feed(c, 0, Sample{Waiting: 30, HasWaiting: true, MeanPrompt: 512})
-	if c.Threshold() >= 8192 {
+	if c.Threshold() >= 7168 {
 		t.Fatalf("no lower: %d", c.Threshold())
 	}
 	c.Reset(4096)
 	lo, hi := c.Bounds()
-	if c.Threshold() != 4096 || lo != 256 || hi != 16384 || c.Budget() != 4096 {
+	if c.Threshold() != 3584 || lo != 256 || hi != 16384 || c.Budget() != 4096 {
 		t.Fatalf("after reset: %d in [%d, %d], budget %d", c.Threshold(), lo, hi, c.Budget())
 	}
 }
 
-// engineModel is a steady engine that takes intake tokens between scrapes:
-// whatever the threshold lets the picker put beyond that waits.
+// engineModel is a steady engine that takes intake tokens between scrapes
+// (and is never idle): whatever the threshold lets the picker put beyond
+// that waits.
 func engineModel(threshold, intake, prompt uint64) Sample {
 	load := threshold + prompt/2
 	waiting := 0
 	if load > intake {
 		waiting = int((load - intake) / prompt)
 	}
-	return Sample{Waiting: waiting, HasWaiting: true, Load: load, MeanPrompt: prompt, Held: true}
+	return Sample{Waiting: waiting, HasWaiting: true, Running: 1, HasRunning: true, Load: load, MeanPrompt: prompt, Held: true}
 }
 
 // Against a steady engine the threshold settles and then holds: at most
-// one reversal, and no move once settled.
+// one reversal, and no move once settled, in the band, or at the start
+// with an engine that takes all it is given.
 func TestSettlesWithoutOscillation(t *testing.T) {
 	for _, tc := range []struct{ budget, intake, prompt uint64 }{
 		{8192, 8000, 512}, {8192, 2048, 512}, {8192, 20000, 512}, {4096, 3000, 128},
@@ -180,7 +194,8 @@ func TestSettlesWithoutOscillation(t *testing.T) {
 		s := engineModel(c.Threshold(), tc.intake, tc.prompt)
 		lo, hi := c.Bounds()
 		inBand := s.Waiting > 0 && uint64(s.Waiting)*tc.prompt <= c.Band(tc.prompt)
-		if !inBand && c.Threshold() != lo && c.Threshold() != hi {
+		atStart := s.Waiting == 0 && c.Threshold() == tc.budget*StartNum/StartDen
+		if !inBand && !atStart && c.Threshold() != lo && c.Threshold() != hi {
 			t.Errorf("%+v: settled at %d with %d waiting, outside the band and the bounds", tc, c.Threshold(), s.Waiting)
 		}
 	}
@@ -212,7 +227,7 @@ func FuzzInvariants(f *testing.F) {
 			s := Sample{
 				At: at, Waiting: int(arg % 64), HasWaiting: op&0x10 == 0,
 				Load: uint64(arg) * uint64(op) * 37, MeanPrompt: uint64(op>>5) * 300,
-				Held: op&0x08 != 0,
+				Held: op&0x08 != 0, Running: int(arg>>6) - 1, HasRunning: op&0x20 == 0,
 			}
 			before := c.Threshold()
 			m := c.Observe(s)

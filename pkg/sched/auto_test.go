@@ -18,16 +18,16 @@ func autoCore(t *testing.T) *Core {
 	return c
 }
 
-// The auto threshold starts at the step budget, the busy test reads it,
+// The auto threshold starts at 7/8 of the step budget, the busy test reads it,
 // the engine's queue lowers it, the snapshot shows it, and an engine
 // restart (its counter going back) starts it over.
 func TestAutoThreshold(t *testing.T) {
 	c := autoCore(t)
-	if e := endpointState(c); !e.HasAuto || e.AutoThreshold != 8192 {
-		t.Fatalf("start: %+v, want the step budget", e)
+	if e := endpointState(c); !e.HasAuto || e.AutoThreshold != 7168 {
+		t.Fatalf("start: %+v, want 7/8 of the step budget", e)
 	}
-	// 17 prompts of 512: the 17th takes the load past 8192.
-	for i := 0; i < 17; i++ {
+	// 15 prompts of 512: the 15th takes the load past 7168.
+	for i := 0; i < 15; i++ {
 		grantNow(t, c, ms(1), 512)
 	}
 	admit(c, ms(2), &Ticket{RawISL: 512})
@@ -40,14 +40,14 @@ func TestAutoThreshold(t *testing.T) {
 	for i := int64(1); i <= 12; i++ {
 		scrape(c, ms(100*i), 12, 5, 0)
 	}
-	if e := endpointState(c); e.AutoThreshold >= 8192 || e.AutoThreshold < 1024 || !e.Busy {
-		t.Fatalf("after a window of 12 waiting: %+v, want the threshold lowered to [1024, 8192) and the endpoint busy", e)
+	if e := endpointState(c); e.AutoThreshold >= 7168 || e.AutoThreshold < 1024 || !e.Busy {
+		t.Fatalf("after a window of 12 waiting: %+v, want the threshold lowered to [1024, 7168) and the endpoint busy", e)
 	}
 	// The engine restarted: its counter went back.
 	scrape(c, ms(1300), 0, 0, 100)
 	scrape(c, ms(1400), 0, 0, 0)
-	if e := endpointState(c); e.AutoThreshold != 8192 {
-		t.Fatalf("after a restart: threshold %d, want the step budget again", e.AutoThreshold)
+	if e := endpointState(c); e.AutoThreshold != 7168 {
+		t.Fatalf("after a restart: threshold %d, want the start again", e.AutoThreshold)
 	}
 }
 

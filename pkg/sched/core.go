@@ -400,6 +400,16 @@ func (c *Core) Snapshot() Snapshot {
 	return s
 }
 
+// AutoThreshold is the auto threshold of the endpoint at addr (SPEC §5);
+// ok is false for an unknown address or a policy without auto classes.
+func (c *Core) AutoThreshold(addr string) (threshold uint64, ok bool) {
+	e, found := c.reg.byAddr[addr]
+	if !found || !c.hasAuto {
+		return 0, false
+	}
+	return e.auto.Threshold(), true
+}
+
 // busyEverywhere reports whether e is busy for every class that queues
 // (stale counts as busy): no queued request can go there now.
 func (c *Core) busyEverywhere(e *endpoint) bool {

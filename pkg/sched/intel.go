@@ -118,6 +118,7 @@ func (c *Core) observeAuto(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 	load := e.load()
 	move := e.auto.Observe(autothreshold.Sample{
 		At: now, Waiting: m.Waiting, HasWaiting: m.Has(podmetrics.Waiting),
+		Running: m.Running, HasRunning: m.Has(podmetrics.Running),
 		Load: load, MeanPrompt: c.meanPrompt,
 		Held: c.q.Len() > 0 && load > e.auto.Threshold(),
 	})

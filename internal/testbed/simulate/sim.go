@@ -77,6 +77,17 @@ type Result struct {
 	Wall      time.Duration
 	// Instants counts the distinct virtual times the run processed.
 	Instants int64
+	// Thresholds is, per server, its auto threshold after each scrape
+	// (empty for a policy without auto classes).
+	Thresholds [][]ThresholdPoint
+}
+
+// ThresholdPoint is one server's auto threshold at one scrape, with what
+// the engine showed.
+type ThresholdPoint struct {
+	At        int64
+	Threshold uint64
+	Waiting   int
 }
 
 // Simulated requests whose ticket is in the core or whose grant is held by
@@ -423,4 +434,10 @@ func (r *run) scrape(now int64, s *server) {
 	c0 := time.Now()
 	r.core.SetMetrics(now, s.Addr, m, false)
 	r.res.CoreTime += time.Since(c0)
+	if t, ok := r.core.AutoThreshold(s.Addr); ok {
+		if r.res.Thresholds == nil {
+			r.res.Thresholds = make([][]ThresholdPoint, len(r.servers))
+		}
+		r.res.Thresholds[s.idx] = append(r.res.Thresholds[s.idx], ThresholdPoint{At: now, Threshold: t, Waiting: st.Waiting})
+	}
 }
