@@ -57,5 +57,6 @@ func WriteTwoWay(w io.Writer, f *TwoWayFigures) {
 	for _, c := range f.Classes {
 		fmt.Fprintf(w, "  %-12s %8.0f / %-8.0f ms  %8.0f / %-8.0f ms  %5d / %d\n", c.Class, c.RealP50, c.SimP50, c.RealP99, c.SimP99, c.RealFirstN, c.SimFirstN)
 	}
-	fmt.Fprintf(w, "  makespan real %.1f s, simulated %.1f s\n", f.RealMakespanS, f.SimMakespanS)
+	fmt.Fprintf(w, "  makespan real %.1f s, simulated %.1f s; output real %.0f tokens/s, simulated %.0f (%+.1f%%)\n",
+		f.RealMakespanS, f.SimMakespanS, f.RealOutputTokensPerS, f.SimOutputTokensPerS, 100*f.ThroughputMiss())
 }
