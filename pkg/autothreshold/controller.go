@@ -133,9 +133,13 @@ func (c *Controller) Threshold() uint64 { return c.t }
 func (c *Controller) Bounds() (lo, hi uint64) { return c.lo, c.hi }
 
 // Band is the engine waiting queue, in tokens, the rule tolerates for
-// mean prompt p: max(B/4, 2p) (B/4 is taken as 0 when B is unknown).
+// mean prompt p: max(B/4, 4p) (B/4 is taken as 0 when B is unknown). Four
+// prompts: a picker that dispatches whenever its load is at most T puts
+// up to one more prompt in, and a mix of short and long prompts makes a
+// few waiting requests count as more or fewer tokens than p each, so a
+// narrower band would read that granularity as a queue to lower against.
 func (c *Controller) Band(p uint64) uint64 {
-	return max(c.budget/4, satMul(max(p, 1), 2))
+	return max(c.budget/4, satMul(max(p, 1), 4))
 }
 
 // Observe folds one fresh scrape in and, at the end of a decision window,

@@ -79,7 +79,7 @@ func TestRule(t *testing.T) {
 			move: Hold, want: UnknownBudget},
 		{name: "unknown budget lowers on a queue",
 			budget: 0, s: Sample{Waiting: 10, HasWaiting: true, Load: 12 * 512, MeanPrompt: 512, Held: true},
-			move: Lower, want: 1024 + 512},
+			move: Lower, want: 1024 + 1024},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

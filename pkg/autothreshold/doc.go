@@ -37,7 +37,7 @@
 //
 // With B the endpoint's max_num_batched_tokens (the step budget), S = 7/8
 // B the start, p the mean prompt the picker dispatches, and band =
-// max(B/4, 2p) tokens (the waiting queue the engine may keep: what it
+// max(B/4, 4p) tokens (the waiting queue the engine may keep: what it
 // takes at a step boundary without starving, at most a quarter of a
 // step):
 //

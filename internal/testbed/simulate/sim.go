@@ -32,6 +32,21 @@ type Options struct {
 	// Progress, when set, is called now and then with the requests that
 	// have ended (answered or finished) and the total.
 	Progress func(done, total int)
+	// Restarts restart servers during the run.
+	Restarts []Restart
+}
+
+// Restart is a server restarting, possibly with another engine: the
+// requests it holds fail (503), its counters start from zero, and the
+// picker is told the new engine's max_num_batched_tokens (as a new pod's
+// configuration tells it).
+type Restart struct {
+	// After is the time since the trace's first arrival.
+	After time.Duration
+	// Server is the index of the server in the fleet.
+	Server int
+	// Engine is the engine it runs from then on.
+	Engine engine.Config
 }
 
 // DefaultPrefixCacheTTL is the picker's --prefix-cache-ttl default.
@@ -195,6 +210,15 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 			r.h.push(event{at: t0 + int64(opts.ScrapeInterval)*(1+int64(i))/n, kind: evScrape, idx: int32(i)})
 		}
 	}
+	for i, rs := range opts.Restarts {
+		if rs.Server < 0 || rs.Server >= len(r.servers) {
+			return nil, fmt.Errorf("restart %d: no server %d", i, rs.Server)
+		}
+		if err := rs.Engine.Validate(); err != nil {
+			return nil, fmt.Errorf("restart %d: %w", i, err)
+		}
+		r.h.push(event{at: t0 + int64(rs.After), kind: evRestart, idx: int32(i)})
+	}
 	r.loop()
 	r.res.Wall = time.Since(start)
 	return r.res, nil
@@ -263,6 +287,8 @@ func (r *run) loop() {
 				r.admit(t, ev.idx)
 			case evDeadline:
 				r.deadline = -1 // the Drain below sheds what expired
+			case evRestart:
+				r.restart(t, r.opts.Restarts[ev.idx])
 			}
 		}
 		for next < len(arr) && reqs[arr[next]].Arrival == t {
@@ -440,4 +466,37 @@ func (r *run) scrape(now int64, s *server) {
 		}
 		r.res.Thresholds[s.idx] = append(r.res.Thresholds[s.idx], ThresholdPoint{At: now, Threshold: t, Waiting: st.Waiting})
 	}
+}
+
+// restart replaces a server's engine at t (Options.Restarts): what the old
+// one held fails with 503, and the picker gets the new step budget.
+func (r *run) restart(t int64, rs Restart) {
+	s := r.servers[rs.Server]
+	var held []*engine.Seq
+	s.eng.Running(func(q *engine.Seq) { held = append(held, q) })
+	s.eng.Waiting(func(q *engine.Seq) { held = append(held, q) })
+	for _, q := range held {
+		sl := q.Data.(*slot)
+		o := &r.res.Outcomes[sl.idx]
+		o.Status = 503
+		r.core.Release(sl.grant, sched.EventDone)
+		sl.grant = nil
+		r.free = append(r.free, sl)
+		r.done++
+	}
+	cfg := rs.Engine
+	cfg.Coalesce, cfg.MaxLag = true, 0
+	eng, err := engine.New(cfg)
+	if err != nil {
+		panic(fmt.Sprintf("simulate: restart: %v (Run validated it)", err)) // unreachable
+	}
+	s.eng, s.Engine = eng, rs.Engine
+	s.gen++
+	s.pending = false
+	eps := make([]sched.Endpoint, 0, len(r.servers))
+	for _, x := range r.servers {
+		eps = append(eps, sched.Endpoint{Addr: x.Addr, MaxBatchedTokens: uint64(x.Engine.MaxNumBatchedTokens)})
+	}
+	r.core.SetEndpoints(t, eps)
+	r.touch(s)
 }

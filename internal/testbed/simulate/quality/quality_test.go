@@ -67,6 +67,16 @@ func TestBenchQuality(t *testing.T) {
 			t.Errorf("%d of %d requests completed", f.Total.Completed, f.Requests)
 		}
 	})
+	t.Run("auto dynamics", func(t *testing.T) {
+		f, err := RunDynamics(filepath.Join(out, "auto-dynamics"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		WriteDynamics(w, f)
+		for _, m := range f.Misses() {
+			t.Error(m)
+		}
+	})
 	runTraces(t, w, out)
 	// The auto threshold through the real processes agrees with its
 	// simulation on throughput (issue 26): judged, as throughput depends
