@@ -87,6 +87,10 @@ type Controller struct {
 	t      uint64
 	lo, hi uint64
 	start  uint64 // StartNum/StartDen of the budget
+	// slots is the most requests the engine ran at a scrape that also
+	// showed a waiting queue: its sequence limit, as far as seen (0: never
+	// seen full).
+	slots int
 
 	// The current window: opened at the first sample after a decision.
 	open     bool
@@ -96,6 +100,7 @@ type Controller struct {
 	maxW     int
 	heldAll  bool
 	idleAll  bool // the engine held no request at any scrape of the window
+	freeAll  bool // the engine had free sequences at every scrape of the window
 	canJudge bool // every sample of the window had the waiting count
 }
 
@@ -120,6 +125,7 @@ func (c *Controller) Reset(budget uint64) {
 		c.t = c.start
 	}
 	c.open = false
+	c.slots = 0
 }
 
 // Budget is the step budget the controller was reset for (0: unknown).
@@ -148,12 +154,18 @@ func (c *Controller) Band(p uint64) uint64 {
 func (c *Controller) Observe(s Sample) Move {
 	if !c.open {
 		c.open, c.winAt, c.n = true, s.At, 0
-		c.minW, c.maxW, c.heldAll, c.idleAll, c.canJudge = s.Waiting, s.Waiting, true, true, true
+		c.minW, c.maxW, c.heldAll, c.idleAll, c.freeAll, c.canJudge = s.Waiting, s.Waiting, true, true, true, true
+	}
+	if s.HasWaiting && s.HasRunning && s.Waiting > 0 {
+		c.slots = max(c.slots, s.Running)
 	}
 	c.n++
 	c.minW, c.maxW = min(c.minW, s.Waiting), max(c.maxW, s.Waiting)
 	c.heldAll = c.heldAll && s.Held
 	c.idleAll = c.idleAll && s.HasWaiting && s.HasRunning && s.Waiting <= 0 && s.Running <= 0
+	// Free sequences: fewer running than 15/16 of the limit seen (with 4
+	// sequences, at most 3), or no limit seen yet.
+	c.freeAll = c.freeAll && (c.slots == 0 || (s.HasRunning && s.Running*16 < c.slots*15))
 	c.canJudge = c.canJudge && s.HasWaiting
 	if s.At-c.winAt < Window || c.n < MinScrapes {
 		return Hold
@@ -169,16 +181,18 @@ func (c *Controller) Observe(s Sample) Move {
 		// The engine kept more than the band waiting all window long.
 		queued := satMul(uint64(max(s.Waiting, 0)), p)
 		intake := subSat(s.Load, queued)
-		target := min(satAdd(intake, band/2), subSat(c.t, p))
+		target := min(satAdd(intake, p), subSat(c.t, p))
 		target = max(target, c.lo)
 		if target < c.t {
 			c.t = target
 			return Lower
 		}
-	case c.heldAll && c.maxW == 0 && c.budget > 0 && (c.t < c.start || c.idleAll):
+	case c.heldAll && c.maxW == 0 && c.budget > 0 && (c.idleAll || (c.t < c.start && c.freeAll)):
 		// The picker held requests and the engine took every one it was
 		// given, all window long: below the start, the threshold starves
-		// it; above, only an engine seen idle at every scrape is starved
+		// it if it also had free sequences (an engine whose sequences are
+		// all taken gains nothing from more prompts: it is bound by its
+		// decodes); above, only an engine seen idle at every scrape is starved
 		// (an engine that queues nothing itself, admitting every request
 		// it is sent to its running batch, shows no waiting queue at any
 		// threshold).

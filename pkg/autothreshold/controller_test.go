@@ -62,12 +62,12 @@ func TestRule(t *testing.T) {
 		{name: "engine empty but nothing held: hold",
 			budget: 8192, s: Sample{Waiting: 0, HasWaiting: true, HasRunning: true, Load: 100, MeanPrompt: 512},
 			move: Hold, want: 7168},
-		{name: "queue over the band: lower to the intake plus half the band",
+		{name: "queue over the band: lower to the intake plus one prompt",
 			budget: 8192, s: Sample{Waiting: 12, HasWaiting: true, Load: 16 * 512, MeanPrompt: 512, Held: true},
-			move: Lower, want: 4*512 + 1024},
+			move: Lower, want: 4*512 + 512},
 		{name: "lower stops at the floor",
-			budget: 8192, s: Sample{Waiting: 100, HasWaiting: true, Load: 0, MeanPrompt: 512},
-			move: Lower, want: 1024},
+			budget: 8192, s: Sample{Waiting: 100, HasWaiting: true, Load: 0, MeanPrompt: 100},
+			move: Lower, want: 512},
 		{name: "lower is at least one prompt",
 			budget: 8192, start: 3000, s: Sample{Waiting: 6, HasWaiting: true, Load: 100000, MeanPrompt: 512},
 			move: Lower, want: 3000 - 512},
@@ -79,7 +79,7 @@ func TestRule(t *testing.T) {
 			move: Hold, want: UnknownBudget},
 		{name: "unknown budget lowers on a queue",
 			budget: 0, s: Sample{Waiting: 10, HasWaiting: true, Load: 12 * 512, MeanPrompt: 512, Held: true},
-			move: Lower, want: 1024 + 1024},
+			move: Lower, want: 1024 + 512},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -247,4 +247,24 @@ func FuzzInvariants(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Below the start, an engine whose sequences are all taken is not starved
+// by an empty waiting queue: it is bound by its decodes. Once it has free
+// sequences, it is.
+func TestFullSequencesDoNotRaise(t *testing.T) {
+	c := New(8192)
+	c.t = 2048
+	// A window with 3 waiting (inside the band) shows 16 sequences full.
+	_, at := feed(c, 0, Sample{Waiting: 3, HasWaiting: true, Running: 16, HasRunning: true, MeanPrompt: 512, Load: 2048})
+	full := Sample{Waiting: 0, HasWaiting: true, Running: 16, HasRunning: true, Load: 2048, MeanPrompt: 512, Held: true}
+	m, at := feed(c, at, full)
+	if m != Hold || c.Threshold() != 2048 {
+		t.Fatalf("all 16 sequences running: %v to %d, want a hold", m, c.Threshold())
+	}
+	free := full
+	free.Running = 8
+	if m, _ := feed(c, at, free); m != Raise {
+		t.Fatalf("8 of 16 sequences running: %v, want a raise", m)
+	}
 }

@@ -45,14 +45,18 @@
 //   - lower, when the engine's waiting queue held more than band tokens
 //     (requests × p) at every scrape of the window: to the tokens the
 //     engine was prefilling (the picker's in-prefill load less its waiting
-//     queue) plus band/2, and never above T − p;
+//     queue) plus one prompt, and never above T − p;
 //   - raise, when the picker held requests at every scrape of the window
 //     (the endpoint was busy for them) while the engine's waiting queue
-//     was empty at every one, by min(max(T/8, p), band/2): up to S, or,
-//     when the engine held no request at all at every scrape (idle), up
-//     to the ceiling. An engine that admits every request it is sent into
-//     its running batch (chunked prefill with free slots) never shows a
-//     waiting queue, so an empty one alone cannot justify going past S;
+//     was empty at every one, by min(max(T/8, p), band/2): up to S if the
+//     engine also had free sequences at every scrape (fewer running than
+//     15/16 of the most it ran while requests waited; an engine whose
+//     sequences are all taken is bound by its decodes, and more prompts
+//     would only wait in it), or up to the ceiling when the engine held no
+//     request at all at every scrape (idle). An engine that admits every
+//     request it is sent into its running batch (chunked prefill with free
+//     slots) never shows a waiting queue, so an empty one alone cannot
+//     justify going past S;
 //   - hold otherwise (the deadband: a waiting queue of at least one
 //     request and at most band tokens, an engine that takes all it is
 //     given at T = S, or a window with mixed evidence).
@@ -68,9 +72,9 @@
 // (tokens the engine cannot take wait): W(T) ≈ max(0, T − C) for the
 // engine's intake C. A raise happens only at W = 0 and moves T by at most
 // band/2, so it lands with W ≤ band/2, inside the deadband: a raise never
-// causes a lower. A lower happens only at W > band and lands at C +
-// band/2, where W ≈ band/2 > 0, inside the deadband: a lower never causes
-// a raise. So after a change of the engine or the load the threshold
+// causes a lower. A lower happens only at W > band and lands at C + p,
+// where W ≈ one request > 0, inside the deadband: a lower never causes a
+// raise. So after a change of the engine or the load the threshold
 // makes at most one reversal and then holds, one window per move; a
 // lower reaches the band in one move, and raises are multiplicative (from
 // B/16 back to S in at most 24 windows, 12 s; from a lowered level that

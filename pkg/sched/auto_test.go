@@ -36,12 +36,12 @@ func TestAutoThreshold(t *testing.T) {
 	}
 	// The engine keeps 12 of them waiting at every scrape of a window
 	// (the first window, opened at the scrape of time 0, saw none): the
-	// threshold falls to about its intake plus half the band, 2048 tokens.
+	// threshold falls to about its intake plus one prompt.
 	for i := int64(1); i <= 12; i++ {
 		scrape(c, ms(100*i), 12, 5, 0)
 	}
-	if e := endpointState(c); e.AutoThreshold >= 7168 || e.AutoThreshold < 1024 || !e.Busy {
-		t.Fatalf("after a window of 12 waiting: %+v, want the threshold lowered to [1024, 7168) and the endpoint busy", e)
+	if e := endpointState(c); e.AutoThreshold >= 7168 || e.AutoThreshold < 512 || !e.Busy {
+		t.Fatalf("after a window of 12 waiting: %+v, want the threshold lowered to [512, 7168) and the endpoint busy", e)
 	}
 	// The engine restarted: its counter went back.
 	scrape(c, ms(1300), 0, 0, 100)
