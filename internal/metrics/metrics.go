@@ -139,13 +139,15 @@ var (
 		"Prompt tokens this picker sent to an endpoint that have not yet produced a first response byte.", []string{"endpoint"}, nil)
 	inFlightDesc = prometheus.NewDesc("laneway_endpoint_in_flight_requests",
 		"Requests this picker sent to an endpoint that have not finished.", []string{"endpoint"}, nil)
+	autoThresholdDesc = prometheus.NewDesc("laneway_endpoint_prefill_busy_threshold_tokens",
+		"The auto prefill busy threshold in force at an endpoint (classes with prefill_busy_threshold auto); absent when no class has one.", []string{"endpoint"}, nil)
 )
 
 // collector reads the dispatcher snapshot at scrape time.
 type collector Metrics
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pendingReqDesc, pendingISLDesc, pendingCachedDesc, deficitDesc, tenantsDesc, activePrefillDesc, inFlightDesc} {
+	for _, d := range []*prometheus.Desc{pendingReqDesc, pendingISLDesc, pendingCachedDesc, deficitDesc, tenantsDesc, activePrefillDesc, inFlightDesc, autoThresholdDesc} {
 		ch <- d
 	}
 }
@@ -171,5 +173,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for _, e := range s.Endpoints {
 		ch <- prometheus.MustNewConstMetric(activePrefillDesc, prometheus.GaugeValue, float64(e.ActivePrefill), e.Addr)
 		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(e.InFlight), e.Addr)
+		if e.HasAuto {
+			ch <- prometheus.MustNewConstMetric(autoThresholdDesc, prometheus.GaugeValue, float64(e.AutoThreshold), e.Addr)
+		}
 	}
 }

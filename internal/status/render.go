@@ -42,7 +42,7 @@ func Render(w io.Writer, p *Page) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "%-26s %10s %8s %-12s %8s %8s %8s %10s\n", "endpoint", "prefill", "inflight", "state", "waiting", "unseen", "awaiting", "rate/s")
+	fmt.Fprintf(w, "%-26s %10s %8s %-12s %8s %8s %8s %10s %10s\n", "endpoint", "prefill", "inflight", "state", "waiting", "unseen", "awaiting", "rate/s", "threshold")
 	for _, e := range p.Endpoints {
 		state := "ok"
 		switch {
@@ -55,8 +55,14 @@ func Render(w io.Writer, p *Page) {
 		case e.Busy:
 			state = "busy"
 		}
-		fmt.Fprintf(w, "%-26s %10s %8d %-12s %8d %8d %8d %10s\n", clip(e.Addr, 26), human(e.ActivePrefillTokens), e.InFlight, state,
-			e.EngineWaiting, e.UnseenWaiting, e.AwaitingEngine, human(uint64(e.PrefillRate)))
+		// The threshold column is the auto threshold in force ("-" when
+		// no class has one: the classes' own thresholds are in the policy).
+		threshold := "-"
+		if e.AutoThreshold > 0 {
+			threshold = human(e.AutoThreshold)
+		}
+		fmt.Fprintf(w, "%-26s %10s %8d %-12s %8d %8d %8d %10s %10s\n", clip(e.Addr, 26), human(e.ActivePrefillTokens), e.InFlight, state,
+			e.EngineWaiting, e.UnseenWaiting, e.AwaitingEngine, human(uint64(e.PrefillRate)), threshold)
 	}
 }
 

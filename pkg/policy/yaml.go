@@ -301,6 +301,15 @@ func (p *parser) class(n *yaml.Node, path string) Class {
 		case "quantum":
 			c.Quantum = p.int(v, kp)
 		case "prefill_busy_threshold":
+			if v.Kind == yaml.ScalarNode && v.Tag == "!!str" {
+				switch v.Value {
+				case BusyAuto, BusyNone:
+					c.BusyMode = v.Value
+				default:
+					p.errorf(v, kp, "want an integer, auto or none, got %q", v.Value)
+				}
+				return
+			}
 			c.PrefillBusyThreshold = ptr(p.int(v, kp))
 		case "prefill_busy_threshold_frac":
 			c.PrefillBusyThresholdFrac = ptr(p.float(v, kp))

@@ -5,6 +5,7 @@ import (
 	"net"
 	"sort"
 
+	"github.com/laneway-dev/laneway/pkg/autothreshold"
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
@@ -44,6 +45,9 @@ type endpoint struct {
 	running  int
 	// engineBS is the engine's reported KV block size (0 unknown).
 	engineBS int
+	// auto is the endpoint's threshold for classes with
+	// prefill_busy_threshold auto, fed at each fresh scrape.
+	auto autothreshold.Controller
 }
 
 // load is the prefill the busy test counts: ours plus the unseen estimate.
@@ -90,6 +94,9 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 		if e, ok := g.byAddr[in.Addr]; ok {
 			e.engine = eng
 			if e.maxBatched != in.MaxBatchedTokens || e.tainted != in.Tainted || e.rank != in.Rank {
+				if e.maxBatched != in.MaxBatchedTokens {
+					e.auto.Reset(in.MaxBatchedTokens) // a new step budget: start over
+				}
 				e.maxBatched, e.tainted, e.rank = in.MaxBatchedTokens, in.Tainted, in.Rank
 				c.q.EndpointChanged(e.id)
 			}
@@ -105,6 +112,7 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 		}
 		e := &endpoint{id: id, addr: in.Addr, maxBatched: in.MaxBatchedTokens, tainted: in.Tainted,
 			rank: in.Rank, engine: eng, stale: c.opts.ExpectMetrics, led: newLedger()}
+		e.auto.Reset(in.MaxBatchedTokens)
 		g.eps[id] = e
 		if c.index != nil {
 			c.index.Drop(int(id)) // a reused id starts with an empty index
@@ -325,8 +333,12 @@ func (c *Core) busy(e *endpoint, class int) bool {
 	return e.busyUnder(&c.pol.Busy[class])
 }
 
-// busyUnder is the busy test under one class's rule (see busy).
+// busyUnder is the busy test under one class's rule (see busy); an auto
+// rule reads the endpoint's own threshold.
 func (e *endpoint) busyUnder(rule *policy.BusyTest) bool {
+	if rule.Auto {
+		return e.stale || e.load() > e.auto.Threshold()
+	}
 	return e.stale || rule.EndpointBusy(e.load(), e.maxBatched)
 }
 

@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"github.com/laneway-dev/laneway/pkg/autothreshold"
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
 )
@@ -85,6 +86,9 @@ func (c *Core) SetMetrics(now int64, addr string, m podmetrics.Metrics, stale bo
 		if c.index != nil && m.Has(podmetrics.NumBlocks|podmetrics.BlockSize) {
 			c.index.SetCapacity(int(e.id), drr.SaturatingMul(uint64(m.NumBlocks), uint64(m.BlockSize)))
 		}
+		if c.observeAuto(now, e, &m) {
+			changed = true
+		}
 		bs := 0
 		if m.Has(podmetrics.BlockSize) {
 			bs = m.BlockSize
@@ -111,4 +115,23 @@ func (c *Core) updateHashBlockSize() {
 		bs = max(bs, c.reg.eps[id].engineBS)
 	}
 	c.hashBS = bs
+}
+
+// observeAuto feeds a fresh scrape to e's auto threshold (SPEC §5,
+// pkg/autothreshold) and reports whether the threshold moved. The picker
+// holds requests for e when requests are queued and e is over its
+// threshold: a queued request that could go there would have gone at the
+// last Drain.
+func (c *Core) observeAuto(now int64, e *endpoint, m *podmetrics.Metrics) bool {
+	if !c.hasAuto {
+		return false
+	}
+	load := e.load()
+	move := e.auto.Observe(autothreshold.Sample{
+		At: now, Waiting: m.Waiting, HasWaiting: m.Has(podmetrics.Waiting),
+		Running: m.Running, HasRunning: m.Has(podmetrics.Running),
+		Load: load, MeanPrompt: c.meanPrompt,
+		Held: c.q.Len() > 0 && load > e.auto.Threshold(),
+	})
+	return move != autothreshold.Hold
 }
