@@ -76,11 +76,20 @@ type Options struct {
 	HeaderPickOnly bool
 	// MaxBodyBytes bounds a request body (400 beyond it).
 	MaxBodyBytes int
-	// MaxHeldBodyBytes bounds the body bytes held by all streams not yet
-	// answered (429 held_bytes beyond it). Zero before Complete derives
-	// it: half of GOMEMLIMIT when that is set, else 512 MiB, and never
-	// below MaxBodyBytes.
+	// MaxHeldBodyBytes bounds the request bytes held by all streams: the
+	// headers of the open ones, the bodies of those not yet passed back
+	// (429 held_bytes beyond it). Zero before Complete derives it: half
+	// of GOMEMLIMIT when that is set, else 512 MiB, and never below
+	// MaxBodyBytes.
 	MaxHeldBodyBytes int64
+	// MaxHeaderBytes bounds one request's header block (431 beyond it).
+	MaxHeaderBytes int
+	// BodyTimeout bounds the arrival of a request body after its headers
+	// (408 beyond it; 0 turns it off).
+	BodyTimeout time.Duration
+	// MaxStreams bounds the ext_proc streams open at once, also per
+	// connection (429 stream_limit beyond it; 0 turns it off).
+	MaxStreams int
 	// ConformanceHooks honours the upstream conformance suite's request
 	// header test-epp-endpoint-selection and echoes the served endpoint
 	// (SPEC §7); off, any client could pin its request to a pod past
@@ -178,6 +187,9 @@ func NewOptions() *Options {
 		// route on, and header and metadata carry the same value.
 		MaxFallbacks:       0,
 		MaxBodyBytes:       16 << 20,
+		MaxHeaderBytes:     extproc.DefaultMaxHeaderBytes,
+		BodyTimeout:        extproc.DefaultBodyTimeout,
+		MaxStreams:         extproc.DefaultMaxStreams,
 		RetryAfter:         extproc.DefaultRetryAfter,
 		PolicyPollInterval: time.Second,
 		Verbosity:          2,
@@ -216,7 +228,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxFallbacks, "max-fallbacks", o.MaxFallbacks, "Fallback endpoints returned after the pick (ordered, comma-separated).")
 	fs.BoolVar(&o.HeaderPickOnly, "header-pick-only", o.HeaderPickOnly, "Put only the pick in the x-gateway-destination-endpoint header and the fallback list in the envoy.lb metadata (for plain Envoy with --max-fallbacks > 0).")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "Largest request body accepted (400 beyond it).")
-	fs.Int64Var(&o.MaxHeldBodyBytes, "max-held-body-bytes", o.MaxHeldBodyBytes, "Budget for the request body bytes held by requests not yet answered, counted from content-length at the headers; a request that would pass it gets 429 held_bytes (0: half of GOMEMLIMIT when set, else 512 MiB).")
+	fs.Int64Var(&o.MaxHeldBodyBytes, "max-held-body-bytes", o.MaxHeldBodyBytes, "Budget for the request bytes the picker holds: the headers of open streams and the body buffers of requests not yet passed back (what arrived, never what content-length announces); a request that would pass it gets 429 held_bytes (0: half of GOMEMLIMIT when set, else 512 MiB).")
+	fs.IntVar(&o.MaxHeaderBytes, "max-header-bytes", o.MaxHeaderBytes, "Largest request header block (names and values) accepted (431 headers_too_large beyond it).")
+	fs.DurationVar(&o.BodyTimeout, "body-timeout", o.BodyTimeout, "How long a request body may take to arrive after its headers; a body still incomplete is answered 408 body_timeout and its bytes let go (0: no limit). The queue wait is not part of it.")
+	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "ext_proc streams open at once, in all and per gateway connection; one more gets 429 stream_limit (0: no limit).")
 	fs.BoolVar(&o.ConformanceHooks, "enable-conformance-hooks", o.ConformanceHooks, "Honour the conformance suite's test-epp-endpoint-selection request header (pins a request to the pods it names) and answer with x-conformance-test-served-endpoint. Only for conformance runs: any client could use it.")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503 without a queue-wait estimate of its class (no endpoint, not ready, shutting down, a class nothing waited in lately); rounded up to whole seconds.")
 	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config and --endpoints-file are checked for changes.")
@@ -304,6 +319,15 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-body-bytes: %d must be positive", o.MaxBodyBytes))
+	}
+	if o.MaxHeaderBytes <= 0 {
+		errs = append(errs, fmt.Errorf("--max-header-bytes: %d must be positive", o.MaxHeaderBytes))
+	}
+	if o.BodyTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--body-timeout: %s is negative", o.BodyTimeout))
+	}
+	if o.MaxStreams < 0 || o.MaxStreams > math.MaxUint32 {
+		errs = append(errs, fmt.Errorf("--max-streams: %d is not between 0 and %d", o.MaxStreams, uint32(math.MaxUint32)))
 	}
 	// 0 is the flag's "derive it" (Complete does); only a set value can
 	// be too small.

@@ -127,6 +127,12 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 		s.tlsCfg = cfg
 	}
 	creds = append(creds, grpc.MaxRecvMsgSize(opts.MaxBodyBytes+(1<<20)))
+	if opts.MaxStreams > 0 {
+		// Per connection as well as in all: HTTP/2 refuses a stream past
+		// it before a goroutine is spent on it, and a gateway opens
+		// another connection instead.
+		creds = append(creds, grpc.MaxConcurrentStreams(uint32(opts.MaxStreams)))
+	}
 	creds = append(creds, TransportOptions()...)
 	s.grpcSrv = grpc.NewServer(creds...)
 	notReady := ReasonNotReady
@@ -138,6 +144,9 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 		// MaxHeldBodyBytes is set by Complete; tests that skip it get
 		// extproc's default.
 		MaxHeldBodyBytes: opts.MaxHeldBodyBytes,
+		MaxHeaderBytes:   opts.MaxHeaderBytes,
+		BodyTimeout:      offIfZero(opts.BodyTimeout),
+		MaxStreams:       offIfZero(opts.MaxStreams),
 		Logger:           log.WithName("extproc"),
 		Observer:         s.metrics,
 		HeaderPickOnly:   opts.HeaderPickOnly,
@@ -190,6 +199,15 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 		*l.ln = ln
 	}
 	return s, nil
+}
+
+// offIfZero maps a flag's 0 ("no limit") to extproc's -1 (off), whose 0
+// means its default.
+func offIfZero[T ~int | ~int64](v T) T {
+	if v == 0 {
+		return -1
+	}
+	return v
 }
 
 // closeListeners releases the ports of a server that will not run.
