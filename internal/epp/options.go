@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -267,10 +268,39 @@ func (o *Options) Complete() error {
 		}
 	}
 	o.Endpoints = eps
+	limit, err := containerMemoryLimit(os.Getenv)
+	if err != nil {
+		return err
+	}
+	if limit > 0 {
+		debug.SetMemoryLimit(limit)
+	}
 	if o.MaxHeldBodyBytes == 0 {
 		o.MaxHeldBodyBytes = defaultHeldBodyBytes(debug.SetMemoryLimit(-1), o.MaxBodyBytes)
 	}
 	return nil
+}
+
+// MemoryLimitEnv names the variable that carries the container's memory
+// limit in bytes (the chart sets it from the downward API's limits.memory).
+const MemoryLimitEnv = "LANEWAY_MEMORY_LIMIT_BYTES"
+
+// containerMemoryLimit is the Go memory limit to set for the container
+// limit in MemoryLimitEnv: 90% of it, leaving a tenth for what the Go
+// runtime does not count against its limit (the binary's text and data,
+// freed pages not yet returned) before the kernel's OOM killer counts it.
+// 0 leaves the runtime's limit alone: no container limit given, or
+// GOMEMLIMIT set, which says what the operator wants.
+func containerMemoryLimit(getenv func(string) string) (int64, error) {
+	v := getenv(MemoryLimitEnv)
+	if v == "" || getenv("GOMEMLIMIT") != "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s=%q: want the container's memory limit in bytes, a positive integer", MemoryLimitEnv, v)
+	}
+	return n / 10 * 9, nil
 }
 
 // defaultHeldBodyBytes is --max-held-body-bytes' default for a Go memory

@@ -389,11 +389,14 @@ func TestChartEPPDeployment(t *testing.T) {
 }
 
 // TestChartEPPGoRuntimeEnv: by default the picker's GOMAXPROCS comes from
-// its CPU request (rounded up by the downward API) and its GOMEMLIMIT is
-// its container's memory limit in bytes, so the Go runtime collects harder
-// before the kernel kills it and --max-held-body-bytes defaults to half of
-// it; either in extraEnv replaces the derived entry rather than adding a
-// second one; a value turns each off.
+// its CPU request (rounded up by the downward API) and its container's
+// memory limit in bytes reaches it as LANEWAY_MEMORY_LIMIT_BYTES, from
+// which it sets the Go memory limit to 90% (so the Go runtime collects
+// harder before the kernel kills it, with room for what the runtime does
+// not count) and --max-held-body-bytes defaults to half of that; the
+// downward API sees a limit a LimitRange set, which the values do not.
+// GOMAXPROCS or GOMEMLIMIT in extraEnv replaces the derived entry rather
+// than adding a second one; a value turns each off.
 func TestChartEPPGoRuntimeEnv(t *testing.T) {
 	sets := ciValueSets(t)
 	fromResource := func(name, res string) []corev1.EnvVar {
@@ -414,10 +417,12 @@ func TestChartEPPGoRuntimeEnv(t *testing.T) {
 		{name: "GOMAXPROCS extraEnv wins", env: "GOMAXPROCS", files: []string{sets["full"]}, deployment: "laneway-full",
 			want: []corev1.EnvVar{{Name: "GOMAXPROCS", Value: "2"}}},
 		{name: "GOMAXPROCS off", env: "GOMAXPROCS", set: []string{"epp.gomaxprocsFromCPURequest=false"}},
-		{name: "GOMEMLIMIT default", env: "GOMEMLIMIT", want: fromResource("GOMEMLIMIT", "limits.memory")},
+		{name: "GOMEMLIMIT default: none, the limit instead", env: "GOMEMLIMIT"},
+		{name: "memory limit default", env: "LANEWAY_MEMORY_LIMIT_BYTES", want: fromResource("LANEWAY_MEMORY_LIMIT_BYTES", "limits.memory")},
 		{name: "GOMEMLIMIT extraEnv wins", env: "GOMEMLIMIT", values: "epp:\n  extraEnv: [{name: GOMEMLIMIT, value: 900MiB}]\n",
 			want: []corev1.EnvVar{{Name: "GOMEMLIMIT", Value: "900MiB"}}},
-		{name: "GOMEMLIMIT off", env: "GOMEMLIMIT", set: []string{"epp.gomemlimitFromMemoryLimit=false"}},
+		{name: "GOMEMLIMIT extraEnv: no limit variable", env: "LANEWAY_MEMORY_LIMIT_BYTES", values: "epp:\n  extraEnv: [{name: GOMEMLIMIT, value: 900MiB}]\n"},
+		{name: "memory limit off", env: "LANEWAY_MEMORY_LIMIT_BYTES", set: []string{"epp.gomemlimitFromMemoryLimit=false"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
