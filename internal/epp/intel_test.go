@@ -122,7 +122,9 @@ func TestPriorityForwarding(t *testing.T) {
 		{"SGLang gets it as is", []string{"--forward-priority"}, withHint, "", "127.0.0.3:8000", `{"priority":5,` + withHint[1:]},
 		{"TRT-LLM gets none", []string{"--forward-priority"}, withHint, "", "127.0.0.4:8000", ""},
 		{"header hint overrides the body", []string{"--forward-priority"}, withHint, "-3", "127.0.0.2:8000", `{"priority":3,` + withHint[1:]},
-		{"no hint: a client's own priority stays", []string{"--forward-priority"}, noHint, "", "127.0.0.2:8000", ""},
+		{"no hint: a client's own priority goes", []string{"--forward-priority"}, noHint, "", "127.0.0.2:8000", `{"model":"m","prompt":[1,2,3]}`},
+		{"TRT-LLM: a client's own priority goes", []string{"--forward-priority"}, noHint, "", "127.0.0.4:8000", `{"model":"m","prompt":[1,2,3]}`},
+		{"off: a client's own priority stays", nil, noHint, "", "127.0.0.2:8000", ""},
 		{"off by default", nil, withHint, "", "127.0.0.2:8000", ""},
 		{"engine from --engine-type", []string{"--forward-priority", "--engine-type=sglang"}, withHint, "", "127.0.0.2:8000", `{"priority":5,` + withHint[1:]},
 	}

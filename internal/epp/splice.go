@@ -44,6 +44,22 @@ func splicePriority(body []byte, at *tokenize.PrioritySpans, v int64) (out []byt
 	return append(out, body[at.Values[last].End:]...), true
 }
 
+// dropPriority returns a copy of body without its top-level priority
+// members, each removed whole with a comma, the rest byte for byte; nil
+// when body has none (nothing to change). ok is false when at does not
+// fit body.
+func dropPriority(body []byte, at *tokenize.PrioritySpans) (out []byte, ok bool) {
+	if !spansFit(body, at) {
+		return nil, false
+	}
+	if len(at.Values) == 0 {
+		return nil, true
+	}
+	out = make([]byte, 0, len(body))
+	pos := removeMembers(&out, body, at, len(at.Values))
+	return append(out, body[pos:]...), true
+}
+
 // spansFit reports whether at describes body: its object's '{', and the
 // priority members in order, each key before its value, inside body.
 func spansFit(body []byte, at *tokenize.PrioritySpans) bool {

@@ -88,6 +88,32 @@ func TestSpliceKeepsOnePriority(t *testing.T) {
 	}
 }
 
+// TestDropPriority: without a priority to forward, every top-level
+// priority member goes, wherever it is, with one comma; nested ones stay.
+func TestDropPriority(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{`{"priority":1}`, `{}`},
+		{` { "priority" : 1 } `, ` {  } `},
+		{`{"priority":1,"a":2}`, `{"a":2}`},
+		{`{"a":2,"priority":1}`, `{"a":2}`},
+		{`{"a":2 , "priority":1 }`, `{"a":2   }`},
+		{`{"priority":1,"priority":2}`, `{}`},
+		{`{"a":0,"priority":1,"priority":2}`, `{"a":0}`},
+		{`{"priority":1,"a":0,"priority":2,"b":{"priority":3},"priority":4}`, `{"a":0,"b":{"priority":3}}`},
+		{`{"a":0}`, ``}, // nothing to drop: the body goes unchanged
+	}
+	for _, tc := range cases {
+		at, err := spansOf([]byte(tc.in))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.in, err)
+		}
+		got, ok := dropPriority([]byte(tc.in), at)
+		if !ok || string(got) != tc.want {
+			t.Errorf("drop from %s: %q (fit %t), want %q", tc.in, got, ok, tc.want)
+		}
+	}
+}
+
 func TestSplicePriorityRejectsSpansThatDoNotFit(t *testing.T) {
 	body := []byte(`{"priority":1}`)
 	for _, at := range []tokenize.PrioritySpans{
@@ -164,7 +190,8 @@ func memberBodies() []string {
 // the parser accepts: afterwards exactly one top-level priority member is
 // left, where the last one was (or inserted first), holding v; every
 // other member is byte for byte what it was; and the body grew by no more
-// than the inserted member.
+// than the inserted member. Dropping the priority leaves every other
+// member as it was, and no priority.
 func FuzzSplicePriority(f *testing.F) {
 	for _, b := range memberBodies() {
 		f.Add([]byte(b), int64(-7))
@@ -210,6 +237,28 @@ func FuzzSplicePriority(f *testing.F) {
 		}
 		if limit := len(body) + len(`"priority":,`) + len(want); len(out) > limit {
 			t.Fatalf("spliced body of %d bytes, more than %d (%d and the member)", len(out), limit, len(body))
+		}
+
+		// Without a priority to forward every top-level one goes.
+		dropped, ok := dropPriority(body, at)
+		if !ok {
+			t.Fatalf("spans %+v do not fit the body", at)
+		}
+		if dropped == nil {
+			dropped = body
+		}
+		gotKeys, gotValues, err = decoderMembers(dropped)
+		if err != nil {
+			t.Fatalf("body without its priority is not a JSON object: %v\n%s", err, dropped)
+		}
+		wantKeys, wantValues = nil, nil
+		for i, k := range keys {
+			if k != "priority" {
+				wantKeys, wantValues = append(wantKeys, k), append(wantValues, values[i])
+			}
+		}
+		if !slices.Equal(gotKeys, wantKeys) || !slices.Equal(gotValues, wantValues) {
+			t.Fatalf("members without priority %q: %q, want %q: %q", gotKeys, gotValues, wantKeys, wantValues)
 		}
 	})
 }
