@@ -205,10 +205,15 @@ func validateBinding(add func(Rule, string, ...any), where string, b *TenantBind
 		}
 		return false
 	}
+	unknown := 0
 	for _, a := range b.Allowed {
 		if !known(a) {
 			add(RuleTenant, "%s: allowed %q names no policy family or explicit class", where, a)
+			unknown++
 		}
+	}
+	if unknown == 0 {
+		validateReach(add, where, b.Allowed, c)
 	}
 	switch {
 	case len(b.Allowed) > 0 && b.DefaultFamily == "":
@@ -265,6 +270,7 @@ type CompiledBinding struct {
 	// tenants are their identities.
 	Name          string
 	allowed       map[string]bool // nil: any class
+	allowedOrder  []string        // allowed's names, in the binding's order
 	defaultFamily string
 	weight        uint64
 	maxPriority   int32
@@ -280,6 +286,7 @@ func compileBinding(b *TenantBinding, identity bool) CompiledBinding {
 		for _, a := range b.Allowed {
 			out.allowed[a] = true
 		}
+		out.allowedOrder = slices.Clone(b.Allowed)
 	}
 	if b.Weight != nil {
 		out.weight = uint64(*b.Weight)
@@ -424,6 +431,11 @@ func (c *Compiled) ResolveFor(model, classHeader string, uncached uint64, g *Ten
 		// The header named something this profile does not have and the
 		// profile's default is not allowed: the binding's default wins.
 		i = c.Resolve(model, b.defaultFamily, uncached)
+		if !c.classAllowed(i, b) {
+			// Nor has the profile the binding's default: the first
+			// allowed class it has (Validate makes sure of one).
+			i = c.resolveAllowed(model, uncached, b, i)
+		}
 	}
 	return i
 }

@@ -185,18 +185,90 @@ policy_classes:
 }
 
 // TestBindingsKnowModelProfiles: bindings apply to every model profile, so
-// a class that only a model profile has is a valid grant.
+// a class that only a model profile has is a valid grant, as long as
+// every profile a request can resolve in (the root and each model's) has
+// some class the binding allows: a request for a model is resolved in its
+// model's profile only, and one with no allowed class could serve the
+// tenant only outside allowed (issue 22).
 func TestBindingsKnowModelProfiles(t *testing.T) {
-	src := `
+	cases := []struct {
+		name, src, wantErr string
+	}{
+		{name: "a model profile's class, and one of the root's", src: `
+tenants:
+  - {name: x, match: {exact: [x]}, allowed: [gold, silver], default_family: silver}
+policy_classes:
+  - {name: silver, quantum: 1}
+models:
+  m:
+    policy_classes:
+      - {name: gold, quantum: 1, prefill_busy_threshold: 10}
+`},
+		{name: "only a model profile's class: the root has none", src: `
 tenants:
   - {name: x, match: {exact: [x]}, allowed: [gold], default_family: gold}
 models:
   m:
     policy_classes:
       - {name: gold, quantum: 1, prefill_busy_threshold: 10}
-`
-	if _, err := LoadYAML([]byte(src)); err != nil {
-		t.Errorf("a binding allowing a model profile's family: %v", err)
+`, wantErr: `tenant "x": allowed [gold] names no class of the root profile (its classes: default)`},
+		{name: "a model profile without the binding's class", src: `
+default_tenant: {allowed: [regular], default_family: regular}
+policy_classes:
+  - {name: regular, quantum: 1}
+models:
+  special:
+    policy_classes:
+      - {name: premium, quantum: 1}
+`, wantErr: `default_tenant: allowed [regular] names no class of model "special" (its classes: premium)`},
+	}
+	for _, tc := range cases {
+		_, err := LoadYAML([]byte(tc.src))
+		if (err != nil) != (tc.wantErr != "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("%s: error %v, want %q", tc.name, err, tc.wantErr)
+		}
+	}
+}
+
+// TestResolveStaysInsideAllowed: a binding's request is resolved inside
+// its allowed classes in every profile, also when the model's profile
+// lacks the binding's default family and its own default is not allowed:
+// the first allowed class the profile has. Before, a class header or the
+// profile's default could land it outside (issue 22).
+func TestResolveStaysInsideAllowed(t *testing.T) {
+	cfg, err := LoadYAML([]byte(`
+identity: {header: x-tenant-id}
+default_tenant: {allowed: [regular, bronze], default_family: regular}
+default_policy_family: regular
+uncached_isl_buckets: [{min_tokens: 0, bucket: all}]
+policy_classes:
+  - {name: premium, policy_family: premium, cache_bucket: all, quantum: 1}
+  - {name: regular, policy_family: regular, cache_bucket: all, quantum: 1}
+models:
+  special:
+    policy_classes:
+      - {name: premium, quantum: 1}
+      - {name: bronze, quantum: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cfg.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rights := c.Rights("")
+	for _, tc := range []struct{ model, header, want string }{
+		{"", "", "regular"},
+		{"", "premium", "regular"},
+		{"special", "", "special/bronze"},
+		{"special", "premium", "special/bronze"},
+		{"special", "bronze", "special/bronze"},
+	} {
+		i := c.ResolveFor(tc.model, tc.header, 0, &rights)
+		if got := c.Classes[i].Name; got != tc.want {
+			t.Errorf("model %q, header %q: class %s, want %s", tc.model, tc.header, got, tc.want)
+		}
 	}
 }
 

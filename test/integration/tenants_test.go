@@ -244,3 +244,64 @@ func runLaneway(t *testing.T, args ...string) string {
 	}
 	return string(out)
 }
+
+// liftPolicy lets anonymous callers use regular only, while the model
+// profile "special" has no class but premium: resolving a request for
+// special inside the binding is impossible, so the policy is refused.
+const liftPolicy = `identity: {header: x-tenant-id}
+default_tenant: {allowed: [regular], default_family: regular}
+default_policy_family: regular
+uncached_isl_buckets: [{min_tokens: 0, bucket: all}]
+policy_classes:
+  - {name: premium, policy_family: premium, cache_bucket: all, queue_policy: fcfs, quantum: 512}
+  - {name: regular, policy_family: regular, cache_bucket: all, queue_policy: fcfs, quantum: 128}
+models:
+  special:
+    policy_classes:
+      - {name: premium, queue_policy: fcfs, quantum: 512}
+`
+
+// TestModelProfileCannotLiftTenant: a policy in which a model profile has
+// no class a binding allows is refused, by laneway validate and by the
+// picker at start and on reload, naming the binding and the model; before,
+// an anonymous request for that model was dispatched to special/premium,
+// outside its binding's allowed classes.
+func TestModelProfileCannotLiftTenant(t *testing.T) {
+	path := writePolicy(t, liftPolicy)
+	wantIn := func(what, out string) {
+		t.Helper()
+		// The picker's log quotes the message as JSON: no quotes here.
+		for _, w := range []string{"default_tenant", "allowed [regular] names no class of model", "special"} {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s does not name %q:\n%s", what, w, out)
+			}
+		}
+	}
+	out, err := exec.Command(bins.Laneway, "validate", path).CombinedOutput()
+	if err == nil {
+		t.Errorf("laneway validate accepted the policy:\n%s", out)
+	}
+	wantIn("laneway validate", string(out))
+
+	ctx := testCtx(t)
+	cmd := exec.CommandContext(ctx, bins.Epp, "--secure-serving=false", "--bind-address=127.0.0.1", "--grpc-port=0",
+		"--grpc-health-port=0", "--metrics-port=0", "--endpoints=127.0.0.2:8000", "--policy-config="+path)
+	out, err = cmd.CombinedOutput()
+	if err == nil || ctx.Err() != nil {
+		t.Errorf("the picker did not refuse the policy at start (err %v):\n%s", err, out)
+	}
+	wantIn("the picker's refusal", string(out))
+
+	// A picker running a valid policy keeps it when the file changes to
+	// this one, and routes the request for special inside regular.
+	ok := writePolicy(t, trustPolicy("identity: {header: x-tenant-id}"))
+	p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: ok,
+		Args: []string{"--policy-poll-interval=50ms"}})
+	replaceFile(t, ok, liftPolicy)
+	p.WaitLog(t, "policy file rejected")
+	c := p.Client(t, extprocclient.Options{})
+	ex := mustStart(t, c, spec([]byte(`{"model":"special","prompt":[1,2,3]}`)))
+	mustRoute(t, ex)
+	completeStream(t, ex)
+	p.Metrics.Await(t, 1, "laneway_dispatches_total", "policy_class", "regular")
+}
