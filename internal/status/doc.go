@@ -9,5 +9,9 @@
 // appear here, the top few per class. The Tracker keeps one minute of
 // decisions as per-second buckets per class: O(distinct tenants served per
 // second) memory each, so a minute of 3,000 requests/s from 10 tenants is
-// a few thousand map entries, not 180,000 records.
+// a few thousand map entries, not 180,000 records. The dispatcher's loop
+// writes the window (Decided) under a lock that readers (the page, the
+// /metrics gauge, retry-after estimates) hold only to take a snapshot: the
+// current second's copy and pointers to the others, which are never
+// written again; they sum up outside it.
 package status
