@@ -46,6 +46,11 @@ type Handler struct {
 	// Identity, when set, returns the policy's identity source (SPEC §14)
 	// for each request; nil or a nil answer means none.
 	Identity func() *policy.Identity
+	// IgnoreClientHints, without an identity source, makes every request
+	// the anonymous tenant and drops its class and priority hints: a
+	// client's x-laneway-tenant and hints count for nothing
+	// (--trust-client-hints=false).
+	IgnoreClientHints bool
 	// WaitEstimate, when set, returns a class's current queue-wait
 	// estimate, 0 when it has none: the retry-after of the class's 429s
 	// (queue and tenant limits, shed). Answers without a class, or of a
@@ -75,7 +80,11 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 	if h.Identity != nil {
 		id = h.Identity()
 	}
-	t.Tenant = tenantOf(req, id)
+	if h.IgnoreClientHints && id == nil {
+		t.ClassHeader, t.Priority, t.HasPriority, t.Strict = "", 0, false, 0
+	} else {
+		t.Tenant = tenantOf(req, id)
+	}
 	if v, ok := req.Headers[policy.DPRankHeader]; ok {
 		t.RankLo, t.RankHi, t.HasRanks = policy.ParseDPRank(v)
 	}

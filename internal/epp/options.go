@@ -91,6 +91,12 @@ type Options struct {
 	// MaxStreams bounds the ext_proc streams open at once, also per
 	// connection (429 stream_limit beyond it; 0 turns it off).
 	MaxStreams int
+	// TrustClientHints takes, without an identity source, the tenant from
+	// x-laneway-tenant and the class and priority hints as sent (the
+	// reference router's trust in its frontend). Off, such requests are
+	// all the anonymous tenant and their hints count for nothing; with an
+	// identity source the bindings decide either way (SPEC §14).
+	TrustClientHints bool
 	// ConformanceHooks honours the upstream conformance suite's request
 	// header test-epp-endpoint-selection and echoes the served endpoint
 	// (SPEC §7); off, any client could pin its request to a pod past
@@ -186,8 +192,11 @@ func NewOptions() *Options {
 		// No fallbacks by default: the header then holds one ip:port, which
 		// every gateway, plain Envoy's ORIGINAL_DST cluster included, can
 		// route on, and header and metadata carry the same value.
-		MaxFallbacks:       0,
-		MaxBodyBytes:       16 << 20,
+		MaxFallbacks: 0,
+		MaxBodyBytes: 16 << 20,
+		// Standalone behind its own frontend, as the reference router;
+		// the chart turns it off (trustClientHints).
+		TrustClientHints:   true,
 		MaxHeaderBytes:     extproc.DefaultMaxHeaderBytes,
 		BodyTimeout:        extproc.DefaultBodyTimeout,
 		MaxStreams:         extproc.DefaultMaxStreams,
@@ -233,6 +242,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxHeaderBytes, "max-header-bytes", o.MaxHeaderBytes, "Largest request header block (names and values) accepted (431 headers_too_large beyond it).")
 	fs.DurationVar(&o.BodyTimeout, "body-timeout", o.BodyTimeout, "How long a request body may take to arrive after its headers; a body still incomplete is answered 408 body_timeout and its bytes let go (0: no limit). The queue wait is not part of it.")
 	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "ext_proc streams open at once, in all and per gateway connection; one more gets 429 stream_limit (0: no limit).")
+	fs.BoolVar(&o.TrustClientHints, "trust-client-hints", o.TrustClientHints, "Without an identity source in the policy: take the tenant from x-laneway-tenant and the class and priority hints (headers and body) as sent. false: every such request is the anonymous tenant and its hints are ignored (the chart's default; docs/security.md).")
 	fs.BoolVar(&o.ConformanceHooks, "enable-conformance-hooks", o.ConformanceHooks, "Honour the conformance suite's test-epp-endpoint-selection request header (pins a request to the pods it names) and answer with x-conformance-test-served-endpoint. Only for conformance runs: any client could use it.")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503 without a queue-wait estimate of its class (no endpoint, not ready, shutting down, a class nothing waited in lately); rounded up to whole seconds.")
 	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config and --endpoints-file are checked for changes.")

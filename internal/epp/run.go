@@ -50,7 +50,7 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 	log.Info("endpoint picker serving", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr,
 		"tls", opts.SecureServing, "endpoints", len(eps), "classes", len(compiled.Classes))
 	logClasses(log, compiled)
-	log.Info("tenants: " + compiled.Identity().String())
+	log.Info("tenants: " + identityLine(compiled.Identity(), opts.TrustClientHints))
 	srv.SetReady(true)
 	var parts []manager.Runnable
 	if opts.PolicyConfig != "" {
@@ -66,6 +66,15 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 		}))
 	}
 	return srv.Run(ctx, parts...)
+}
+
+// identityLine says in one line where tenants come from, with
+// --trust-client-hints.
+func identityLine(id *policy.Identity, trust bool) string {
+	if id == nil && !trust {
+		return `no identity configured and --trust-client-hints=false: every request is tenant "` + policy.DefaultAnonymousTenant + `" and client hints are ignored`
+	}
+	return id.String()
 }
 
 func logClasses(log logr.Logger, c *policy.Compiled) {

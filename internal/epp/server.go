@@ -137,7 +137,7 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 	s.grpcSrv = grpc.NewServer(creds...)
 	notReady := ReasonNotReady
 	s.notServing.Store(&notReady) // health is set up below
-	h := &Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel, Identity: d.Identity,
+	h := &Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel, Identity: d.Identity, IgnoreClientHints: !opts.TrustClientHints,
 		WaitEstimate: cachedEstimate(func(class string) time.Duration { return s.status.Class(class).WaitP50 }, time.Second, time.Now)}
 	s.ext = extproc.NewServer(h, extproc.Options{
 		MaxBodyBytes: opts.MaxBodyBytes,

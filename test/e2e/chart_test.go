@@ -132,20 +132,20 @@ func TestChartRoleMatchesConfigRBAC(t *testing.T) {
 // the apply test checks the rendering against it, so a template that
 // silently renders nothing (or too much) fails.
 var wantKinds = map[string]map[string]int{
-	"default": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1},
-	"pool-policy": {"CustomResourceDefinition": 3, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+	"default": {"NetworkPolicy": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1},
+	"pool-policy": {"NetworkPolicy": 1, "CustomResourceDefinition": 3, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"InferencePool": 1, "PolicyProfile": 1, "PolicyClass": 2},
-	"ha": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+	"ha": {"NetworkPolicy": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"InferencePool": 1, "PodDisruptionBudget": 1},
-	"envoy": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 2, "Deployment": 2,
+	"envoy": {"NetworkPolicy": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 2, "Deployment": 2,
 		"ConfigMap": 1, "InferencePool": 1, "PolicyClass": 2},
-	"monitoring": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+	"monitoring": {"NetworkPolicy": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"ServiceMonitor": 1, "ConfigMap": 1},
 	"conformance": {"CustomResourceDefinition": 3, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"InferencePool": 1},
-	"full": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+	"full": {"NetworkPolicy": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"InferencePool": 1, "PolicyProfile": 1, "PolicyClass": 4},
-	"tenants": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 2, "Deployment": 2,
+	"tenants": {"NetworkPolicy": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 2, "Deployment": 2,
 		"ConfigMap": 1, "InferencePool": 1, "PolicyProfile": 1, "PolicyClass": 4},
 }
 
@@ -742,11 +742,15 @@ func TestChartHelmInstall(t *testing.T) {
 		"STATUS: deployed",
 		"InferencePool helm-install/llm",
 		"kubectl -n helm-install port-forward service/lw-laneway-envoy 8080:80",
-		"-H 'x-dynamo-meta-policy-class: premium'",
+		"curl -sN http://127.0.0.1:8080/v1/completions",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("helm install output lacks %q:\n%s", want, out)
 		}
+	}
+	// Client hints are not trusted by default: the example sends none.
+	if strings.Contains(out, "-H 'x-dynamo-meta-policy-class") {
+		t.Errorf("helm install output shows a class header, which the chart's Envoy removes:\n%s", out)
 	}
 	pc := &unstructured.Unstructured{}
 	pc.SetAPIVersion(v1alpha1.GroupVersion.String())

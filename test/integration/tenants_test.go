@@ -390,3 +390,53 @@ func TestTenantNamesDoNotPinHeaders(t *testing.T) {
 		t.Errorf("live heap grew %.1f MiB, over %.1f MiB: the tenants' header blocks are kept", grown/(1<<20), limit/(1<<20))
 	}
 }
+
+// TestUntrustedClientHints: with --trust-client-hints=false (the chart's
+// default) and no identity, a client's hints and tenant name count for
+// nothing: a strict-priority header does not jump the queue, a class
+// header does not pick the class, and rotating tenant names does not get
+// past a per-tenant limit (every such request is the anonymous tenant).
+// Before, a x-laneway-strict-priority header jumped 16 queued requests and
+// rotating names got 50 requests past a limit of 2.
+func TestUntrustedClientHints(t *testing.T) {
+	launch.CheckGoroutines(t)
+	p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Args: []string{"--trust-client-hints=false"},
+		Policy: writePolicy(t, `
+default_tenant: {request_queue_limit: 4}
+policy_classes:
+  - {name: standard, quantum: 1, prefill_busy_threshold: 100, tenant_fairness: true}
+  - {name: premium, quantum: 1000, prefill_busy_threshold: 100}
+`)})
+	if !strings.Contains(p.Log.String(), "client hints are ignored") {
+		t.Errorf("the startup log does not say that client hints are ignored:\n%s", p.Log.Tail(4096))
+	}
+	c := p.Client(t, extprocclient.Options{})
+	holder := mustStart(t, c, spec(tokens(500, 0)))
+	mustRoute(t, holder)
+	ctx := testCtx(t)
+	released := make(chan started, 8)
+	queue := []struct {
+		name    string
+		headers []string
+	}{
+		{"first", []string{"x-laneway-tenant", "t1"}},
+		{"second", []string{"x-laneway-tenant", "t2"}},
+		{"third", []string{"x-laneway-tenant", "t3"}},
+		{"jumper", []string{"x-laneway-tenant", "t4", "x-laneway-strict-priority", "4294967295", "x-laneway-policy-class", "premium", "x-laneway-priority", "1000"}},
+	}
+	for i, q := range queue {
+		startInto(ctx, c, q.name, spec(tokens(150, i+1), q.headers...), released)
+		p.Metrics.Await(t, float64(i+1), "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+	}
+	// A fifth name is the same anonymous tenant: its limit of 4 is full.
+	fifth := mustStart(t, c, spec(tokens(150, 9), "x-laneway-tenant", "t5"))
+	immediate(t, fifth, 429, "queue_limit")
+	order, holder := releaseOneByOne(t, holder, released, len(queue))
+	completeStream(t, holder)
+	if want := []string{"first", "second", "third", "jumper"}; !slices.Equal(order, want) {
+		t.Errorf("release order %q, want arrival order %q", order, want)
+	}
+	if got := p.Metrics.Value(t, "laneway_dispatches_total", "policy_class", "premium"); got != 0 {
+		t.Errorf("%v dispatches in premium, want none: the class header counts for nothing", got)
+	}
+}
