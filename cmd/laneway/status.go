@@ -14,7 +14,8 @@ import (
 )
 
 // runStatus is `laneway status --epp HOST:PORT [--watch] [--output json]`:
-// the picker's status page (its metrics port) as tables or JSON.
+// the picker's status page (its --status-port, 9091 on the loopback
+// address by default) as tables or JSON.
 func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("status", stderr)
 	epp := fs.String("epp", "", "The picker's metrics address, HOST:PORT (its --metrics-port).")

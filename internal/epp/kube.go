@@ -81,7 +81,7 @@ func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 		return err
 	}
 	grpcAddr, healthAddr, metricsAddr := srv.Addrs()
-	log.Info("endpoint picker serving (Kubernetes mode)", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr,
+	log.Info("endpoint picker serving (Kubernetes mode)", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr, "status", srv.StatusAddr(),
 		"tls", opts.SecureServing, "pool", opts.Kube.PoolNamespace+"/"+opts.Kube.PoolName, "leaderElection", opts.Kube.LeaderElection, "identity", identity)
 	err = srv.Run(ctx, parts...)
 	srv.route.Close()

@@ -24,6 +24,8 @@ const (
 	DefaultGRPCPort       = 9002
 	DefaultGRPCHealthPort = 9003
 	DefaultMetricsPort    = 9090
+	// DefaultStatusPort is the status page's port (on loopback).
+	DefaultStatusPort = 9091
 )
 
 // DefaultPprofBind is where pprof listens unless --pprof-bind says
@@ -110,6 +112,16 @@ type Options struct {
 	PolicyPollInterval time.Duration
 	// Verbosity is the log level (-v): 2 default, 3 verbose, 4 debug, 5 trace.
 	Verbosity int
+	// StatusPort serves the status page (/debug/status: tenant names and
+	// endpoint addresses) on StatusBind:StatusPort; 0 lets the kernel
+	// choose the port, negative turns the page off. It is not on the
+	// metrics port, which listens with the other servers and which a
+	// Service exposes.
+	StatusPort int
+	// StatusBind is the address the status page listens on: loopback
+	// unless set otherwise, whatever BindAddress is (reach it with
+	// kubectl port-forward).
+	StatusBind string
 	// PprofPort, when > 0, serves net/http/pprof on PprofBind:PprofPort.
 	// Off by default: profiles expose internals and cost CPU when taken.
 	PprofPort int
@@ -204,6 +216,8 @@ func NewOptions() *Options {
 		PolicyPollInterval: time.Second,
 		Verbosity:          2,
 		PprofBind:          DefaultPprofBind,
+		StatusPort:         DefaultStatusPort,
+		StatusBind:         DefaultPprofBind,
 		Intel:              defaultIntelOptions(),
 		Kube: KubeOptions{
 			PoolNamespace: defaultPoolNamespace(),
@@ -247,6 +261,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503 without a queue-wait estimate of its class (no endpoint, not ready, shutting down, a class nothing waited in lately); rounded up to whole seconds.")
 	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config and --endpoints-file are checked for changes.")
 	fs.IntVarP(&o.Verbosity, "v", "v", o.Verbosity, "Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.")
+	fs.IntVar(&o.StatusPort, "status-port", o.StatusPort, "Serve the status page (/debug/status, read by laneway status) on this port of --status-bind (0: a port the kernel chooses; -1: off). It names tenants and endpoint addresses, so it is not on the metrics port.")
+	fs.StringVar(&o.StatusBind, "status-bind", o.StatusBind, "Address the status page listens on (empty: all interfaces); loopback by default, whatever --bind-address is: reach it with kubectl port-forward.")
 	fs.IntVar(&o.PprofPort, "pprof-port", o.PprofPort, "Serve net/http/pprof on this port (0: off).")
 	fs.StringVar(&o.PprofBind, "pprof-bind", o.PprofBind, "Address pprof listens on (empty: all interfaces); loopback by default, whatever --bind-address is.")
 	o.Intel.AddFlags(fs)
@@ -338,6 +354,9 @@ func (o *Options) Validate() error {
 		if p < 0 || p > 65535 {
 			errs = append(errs, fmt.Errorf("%s: %d is not a port", name, p))
 		}
+	}
+	if o.StatusPort < -1 || o.StatusPort > 65535 {
+		errs = append(errs, fmt.Errorf("--status-port: %d is not a port (or -1: off)", o.StatusPort))
 	}
 	if o.EndpointsFile != "" && len(o.Endpoints) > 0 {
 		errs = append(errs, errors.New("--endpoints and --endpoints-file exclude each other"))

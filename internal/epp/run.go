@@ -47,7 +47,7 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 	}
 	srv.Dispatcher().SetEndpoints(eps)
 	grpcAddr, healthAddr, metricsAddr := srv.Addrs()
-	log.Info("endpoint picker serving", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr,
+	log.Info("endpoint picker serving", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr, "status", srv.StatusAddr(),
 		"tls", opts.SecureServing, "endpoints", len(eps), "classes", len(compiled.Classes))
 	logClasses(log, compiled)
 	log.Info("tenants: " + identityLine(compiled.Identity(), opts.TrustClientHints))

@@ -43,9 +43,10 @@ const (
 )
 
 // Server is a running endpoint picker: the ext_proc gRPC server, the health
-// server, the metrics server (at most MaxConcurrentScrapes requests at
-// once), the pprof server when --pprof-port asks for it (on --pprof-bind,
-// loopback by default), and the dispatcher loop. Run serves them, runs
+// server, the metrics server and the status page's (on --status-bind,
+// loopback by default; at most MaxConcurrentScrapes requests at once
+// between them), the pprof server when --pprof-port asks for it (on
+// --pprof-bind, loopback by default), and the dispatcher loop. Run serves them, runs
 // the picker's other parts beside them and drains them in order.
 type Server struct {
 	opts    *Options
@@ -67,6 +68,9 @@ type Server struct {
 	grpcLn, healthLn, metricsLn net.Listener
 	grpcSrv, healthSrv          *grpc.Server
 	metricsSrv                  *http.Server
+	// statusLn and statusSrv are nil with --status-port=-1.
+	statusLn  net.Listener
+	statusSrv *http.Server
 	// pprofLn and pprofSrv are nil unless --pprof-port is set.
 	pprofLn  net.Listener
 	pprofSrv *http.Server
@@ -167,13 +171,23 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 	s.setServing(false)
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
 
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
-	mux.Handle(status.Path, status.Handler(d, s.status))
+	// One bound for the metrics page and the status page together, each on
+	// its own listener: the status page names tenants and endpoint
+	// addresses, so it is not on the metrics port, which listens with the
+	// other servers and which a Service exposes (SPEC §15).
+	pages := http.NewServeMux()
+	pages.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	pages.Handle(status.Path, status.Handler(d, s.status))
+	bounded := boundScrapes(pages, MaxConcurrentScrapes)
 	s.reg.MustRegister(status.Collector{T: s.status})
+	serveOnly := func(path string) http.Handler {
+		mux := http.NewServeMux()
+		mux.Handle(path, bounded)
+		return mux
+	}
 	// IdleTimeout closes keep-alive connections no scraper reuses: the
 	// scrape bound counts requests, not connections.
-	s.metricsSrv = &http.Server{Handler: boundScrapes(mux, MaxConcurrentScrapes), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 5 * time.Minute}
+	s.metricsSrv = &http.Server{Handler: serveOnly("/metrics"), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 5 * time.Minute}
 
 	type listener struct {
 		flag string
@@ -185,6 +199,10 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 		{"--grpc-port", opts.BindAddress, opts.GRPCPort, &s.grpcLn},
 		{"--grpc-health-port", opts.BindAddress, opts.GRPCHealthPort, &s.healthLn},
 		{"--metrics-port", opts.BindAddress, opts.MetricsPort, &s.metricsLn},
+	}
+	if opts.StatusPort >= 0 {
+		s.statusSrv = &http.Server{Handler: serveOnly(status.Path), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 5 * time.Minute}
+		listeners = append(listeners, listener{"--status-port", opts.StatusBind, opts.StatusPort, &s.statusLn})
 	}
 	if opts.PprofPort > 0 {
 		s.pprofSrv = pprofServer()
@@ -212,7 +230,7 @@ func offIfZero[T ~int | ~int64](v T) T {
 
 // closeListeners releases the ports of a server that will not run.
 func (s *Server) closeListeners() {
-	for _, ln := range []net.Listener{s.grpcLn, s.healthLn, s.metricsLn, s.pprofLn} {
+	for _, ln := range []net.Listener{s.grpcLn, s.healthLn, s.metricsLn, s.statusLn, s.pprofLn} {
 		if ln != nil {
 			ln.Close()
 		}
@@ -226,6 +244,14 @@ func (s *Server) Dispatcher() *dispatcher.Dispatcher { return s.disp }
 // Addrs returns the bound ext_proc, health and metrics addresses.
 func (s *Server) Addrs() (grpcAddr, healthAddr, metricsAddr string) {
 	return s.grpcLn.Addr().String(), s.healthLn.Addr().String(), s.metricsLn.Addr().String()
+}
+
+// StatusAddr returns the status page's bound address, "" when it is off.
+func (s *Server) StatusAddr() string {
+	if s.statusLn == nil {
+		return ""
+	}
+	return s.statusLn.Addr().String()
 }
 
 // SetReady sets readiness (for example from leader election). A server
@@ -362,6 +388,9 @@ func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 	shutCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = s.metricsSrv.Shutdown(shutCtx)
+	if s.statusSrv != nil {
+		_ = s.statusSrv.Shutdown(shutCtx)
+	}
 	if s.pprofSrv != nil {
 		_ = s.pprofSrv.Close() // profiles in progress are not worth waiting for
 	}
@@ -378,7 +407,7 @@ func (s *Server) Stopping() <-chan struct{} { return s.stopping }
 // serve starts the servers on their listeners; the channel receives the
 // error of each one that stops other than by the drain.
 func (s *Server) serve() <-chan error {
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	go func() { errc <- s.grpcSrv.Serve(s.grpcLn) }()
 	go func() { errc <- s.healthSrv.Serve(s.healthLn) }()
 	httpServe := func(srv *http.Server, ln net.Listener) {
@@ -387,6 +416,9 @@ func (s *Server) serve() <-chan error {
 		}
 	}
 	go httpServe(s.metricsSrv, s.metricsLn)
+	if s.statusSrv != nil {
+		go httpServe(s.statusSrv, s.statusLn)
+	}
 	if s.pprofSrv != nil {
 		s.log.Info("serving pprof", "address", s.pprofLn.Addr().String())
 		go httpServe(s.pprofSrv, s.pprofLn)

@@ -324,7 +324,7 @@ func TestChartEPPDeployment(t *testing.T) {
 			c := pod.Containers[0]
 			args := strings.Join(c.Args, " ")
 			for _, want := range []string{"--pool-name=lw-laneway", "--pool-namespace=pool-ns", "--pool-group=inference.networking.k8s.io",
-				"--grpc-port=9002", "--grpc-health-port=9003", "--metrics-port=9090", "--secure-serving=true",
+				"--grpc-port=9002", "--grpc-health-port=9003", "--metrics-port=9090", "--status-port=9091", "--status-bind=127.0.0.1", "--secure-serving=true",
 				"--max-num-batched-tokens=8192", "--engine-type=vllm", "--drain-timeout=30s"} {
 				if tc.set == "ha" && strings.HasPrefix(want, "--pool-name") {
 					continue

@@ -214,7 +214,7 @@ policy_classes:
 	}
 	_, holder = releaseOneByOne(t, holder, queued, 3)
 	completeStream(t, holder)
-	table := runLaneway(t, "status", "--epp", p.MetricsAddr)
+	table := runLaneway(t, "status", "--epp", p.StatusAddr)
 	for _, want := range []string{"class shared", "queued by tenant", "served, last minute", "endpoint", "127.0.0.2:8000"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("status table lacks %q:\n%s", want, table)
@@ -240,7 +240,7 @@ func lanewayStatus(t *testing.T, p *launch.EPP) status.Page {
 func lanewayStatusPage(t *testing.T, p *launch.EPP) status.Page {
 	t.Helper()
 	var page status.Page
-	out := runLaneway(t, "status", "--epp", p.MetricsAddr, "--output", "json")
+	out := runLaneway(t, "status", "--epp", p.StatusAddr, "--output", "json")
 	if err := json.Unmarshal([]byte(out), &page); err != nil {
 		t.Fatalf("laneway status --output json: %v\n%s", err, out)
 	}
