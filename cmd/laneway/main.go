@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 
 	"github.com/laneway-dev/laneway/internal/testbed/simulate"
-	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
@@ -103,159 +101,11 @@ func runValidate(args []string, stdout, stderr io.Writer) int {
 	if cfg == nil {
 		return code
 	}
-	comp, err := cfg.Compile()
-	if err != nil { // unreachable: LoadFile validated
+	if err := cfg.Describe(stdout); err != nil { // a compile error is unreachable: LoadFile validated
 		fmt.Fprintf(stderr, "laneway: %v\n", err)
 		return exitInvalid
 	}
-	for i := range comp.Classes {
-		fmt.Fprintln(stdout, summary(cfg, comp, i))
-	}
-	for i := range cfg.Tenants {
-		b := &cfg.Tenants[i]
-		line := fmt.Sprintf("tenant %q: %s", b.Name, bindingSummary(b, cfg.Identity != nil))
-		if by := shadowedBy(cfg.Tenants[:i], b); by != "" {
-			line += fmt.Sprintf("; never matches: tenant %q comes first for every identity it selects", by)
-		}
-		fmt.Fprintln(stdout, line)
-	}
-	if b := cfg.DefaultTenant; b != nil {
-		fmt.Fprintf(stdout, "default tenant: %s\n", bindingSummary(b, cfg.Identity != nil))
-	}
-	// One line saying whom the picker trusts, with or without tenants.
-	fmt.Fprintln(stdout, comp.Identity().String())
 	return exitOK
-}
-
-// shadowedBy returns the name of an earlier binding that matches every
-// identity b selects (so b never wins: the first match does), or "".
-func shadowedBy(earlier []policy.TenantBinding, b *policy.TenantBinding) string {
-	for i := range earlier {
-		e := &earlier[i]
-		covers := func(id string, prefix bool) bool {
-			if !prefix && e.Match.Matches(id) {
-				return true
-			}
-			for _, p := range e.Match.Prefix {
-				if strings.HasPrefix(id, p) {
-					return true
-				}
-			}
-			return false
-		}
-		all := true
-		for _, id := range b.Match.Exact {
-			all = all && covers(id, false)
-		}
-		for _, p := range b.Match.Prefix {
-			all = all && covers(p, true)
-		}
-		if all {
-			return e.Name
-		}
-	}
-	return ""
-}
-
-// bindingSummary describes what a tenant binding matches and grants, with
-// the defaults filled in as the picker applies them.
-func bindingSummary(b *policy.TenantBinding, identity bool) string {
-	var parts []string
-	var ids []string
-	ids = append(ids, b.Match.Exact...)
-	for _, p := range b.Match.Prefix {
-		ids = append(ids, p+"*")
-	}
-	if len(ids) > 0 {
-		parts = append(parts, "identities "+strings.Join(ids, ", "))
-	}
-	switch {
-	case len(b.Allowed) > 0:
-		parts = append(parts, fmt.Sprintf("allowed %s (default %s)", strings.Join(b.Allowed, ", "), b.DefaultFamily))
-	case b.DefaultFamily != "":
-		parts = append(parts, fmt.Sprintf("any class (default %s)", b.DefaultFamily))
-	default:
-		parts = append(parts, "any class")
-	}
-	weight := int64(1)
-	if b.Weight != nil {
-		weight = *b.Weight
-	}
-	parts = append(parts, fmt.Sprintf("weight %d", weight))
-	capText := func(v *int64) string {
-		switch {
-		case v != nil:
-			return fmt.Sprint(*v)
-		case identity:
-			return "0"
-		}
-		return "none"
-	}
-	parts = append(parts, fmt.Sprintf("caps priority %s, strict %s", capText(b.MaxPriority), capText(b.MaxStrictPriority)))
-	var limits []string
-	if v := b.RequestQueueLimit; v != nil {
-		limits = append(limits, fmt.Sprintf("%d requests", *v))
-	}
-	if v := b.RawISLTokenQueueLimit; v != nil {
-		limits = append(limits, fmt.Sprintf("%d raw_isl_tokens", *v))
-	}
-	if len(limits) > 0 {
-		parts = append(parts, "limits "+strings.Join(limits, ", ")+" per class")
-	}
-	return strings.Join(parts, "; ")
-}
-
-// summary is one line describing class i.
-func summary(cfg *policy.Config, comp *policy.Compiled, i int) string {
-	in, cc, bt := comp.Info[i], comp.Classes[i], comp.Busy[i]
-	var b strings.Builder
-	if in.Model != "" {
-		fmt.Fprintf(&b, "model %q: ", in.Model)
-	}
-	fmt.Fprintf(&b, "class %q: ", in.Name)
-	switch {
-	case in.Synthetic:
-		b.WriteString("synthetic (no policy classes), ")
-	case in.Family == "":
-		b.WriteString("explicit, ")
-	default:
-		fmt.Fprintf(&b, "family %s, bucket %s (uncached >= %d), ", in.Family, in.Bucket, bucketMin(cfg, in))
-	}
-	fmt.Fprintf(&b, "policy %s, quantum %d, %s", cc.Policy, cc.Quantum, bt.String())
-	for _, l := range []struct {
-		name string
-		v    uint64
-	}{
-		{"requests", cc.RequestLimitPerWorker},
-		{"raw_isl_tokens", cc.RawISLLimitPerWorker},
-		{"cached_tokens", cc.CachedLimitPerWorker},
-	} {
-		if l.v != drr.NoLimit {
-			fmt.Fprintf(&b, ", limit %s %d/worker", l.name, l.v)
-		}
-	}
-	if cc.WaitBudget > 0 {
-		fmt.Fprintf(&b, ", max queue wait %s", cc.WaitBudget)
-	}
-	if cc.TenantFairness {
-		fmt.Fprintf(&b, ", tenant-fair (at most %d tenants)", cc.MaxTenants)
-	}
-	return b.String()
-}
-
-func bucketMin(cfg *policy.Config, in policy.ClassInfo) int64 {
-	p := &cfg.Root
-	for i := range cfg.Models {
-		if cfg.Models[i].Model == in.Model && in.Model != "" {
-			p = &cfg.Models[i].Profile
-		}
-	}
-	for _, b := range p.Buckets {
-		if b.Name == in.Bucket {
-			return b.MinTokens
-		}
-	}
-	return 0
 }
 
 func runConvert(args []string, stdout, stderr io.Writer) int {

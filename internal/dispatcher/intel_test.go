@@ -11,36 +11,8 @@ import (
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
 	"github.com/laneway-dev/laneway/pkg/policy"
 	"github.com/laneway-dev/laneway/pkg/sched"
-	"github.com/laneway-dev/laneway/pkg/tokenize"
+	"github.com/laneway-dev/laneway/pkg/sched/schedtest"
 )
-
-// recordingChooser wraps a chooser and keeps the candidates of every choice.
-type recordingChooser struct {
-	inner sched.Chooser
-	mu    sync.Mutex
-	picks [][]sched.Candidate
-}
-
-func (r *recordingChooser) Choose(t *sched.Ticket, cands []sched.Candidate, out []int) []int {
-	r.mu.Lock()
-	r.picks = append(r.picks, slices.Clone(cands))
-	r.mu.Unlock()
-	return r.inner.Choose(t, cands, out)
-}
-
-func (r *recordingChooser) last(t *testing.T) map[string]sched.Candidate {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.picks) == 0 {
-		t.Fatal("no pick recorded")
-	}
-	out := map[string]sched.Candidate{}
-	for _, c := range r.picks[len(r.picks)-1] {
-		out[c.Addr] = c
-	}
-	return out
-}
 
 // oneClass is one fcfs class with a busy threshold (or none when 0).
 func oneClass(threshold uint64) *sched.Policy {
@@ -69,20 +41,6 @@ func startWith(t *testing.T, p *sched.Policy, o Options, eps ...sched.Endpoint) 
 	return d
 }
 
-// promptTicket is a ticket for a token-id prompt of n tokens whose first
-// shared tokens are common to every prompt of the same base.
-func promptTicket(n, shared int, base, seed uint32, bs int) *sched.Ticket {
-	toks := make([]uint32, n)
-	for i := range toks {
-		if i < shared {
-			toks[i] = base*100003 + uint32(i)
-		} else {
-			toks[i] = seed*7919 + uint32(i)*31 + 1<<30
-		}
-	}
-	return &sched.Ticket{RawISL: uint64(n), Blocks: tokenize.BlockHashes(toks, bs), BlockSize: bs}
-}
-
 func mustAcquire(t *testing.T, d *Dispatcher, tk *sched.Ticket) *sched.Grant {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -103,11 +61,11 @@ func eps(addrs ...string) []sched.Endpoint {
 }
 
 func TestPrefixSnapshotAndAffinity(t *testing.T) {
-	rec := &recordingChooser{inner: sched.NewCostChooser(1, 1)}
+	rec := &schedtest.Recorder{Inner: sched.NewCostChooser(1, 1)}
 	d := startWith(t, oneClass(0), Options{Options: sched.Options{Chooser: rec, Prefix: &sched.PrefixOptions{}}},
 		eps("127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1")...)
 
-	first := promptTicket(1000, 1000, 1, 1, 16)
+	first := schedtest.Ticket().Prompt(1000).Shared(1000).Obj()
 	g := mustAcquire(t, d, first)
 	if first.Cached != 0 {
 		t.Fatalf("first sight of a prompt: Cached = %d, want 0", first.Cached)
@@ -118,7 +76,7 @@ func TestPrefixSnapshotAndAffinity(t *testing.T) {
 
 	// The same prompt again: 62 full blocks are cacheable ((1000-1)/16),
 	// and the endpoint that has them wins.
-	again := promptTicket(1000, 1000, 1, 1, 16)
+	again := schedtest.Ticket().Prompt(1000).Shared(1000).Obj()
 	g = mustAcquire(t, d, again)
 	if again.Cached != 62*16 {
 		t.Errorf("repeat: Cached = %d, want %d", again.Cached, 62*16)
@@ -126,7 +84,7 @@ func TestPrefixSnapshotAndAffinity(t *testing.T) {
 	if g.Endpoints[0] != home {
 		t.Errorf("repeat went to %s, want %s which served it before", g.Endpoints[0], home)
 	}
-	cands := rec.last(t)
+	cands := rec.Last(t)
 	if c := cands[home]; c.CachedTokens != 62*16 {
 		t.Errorf("candidate %s CachedTokens = %d, want %d", home, c.CachedTokens, 62*16)
 	}
@@ -138,7 +96,7 @@ func TestPrefixSnapshotAndAffinity(t *testing.T) {
 	g.Done()
 
 	// A prompt sharing its first 480 tokens (30 blocks).
-	shared := promptTicket(2000, 480, 1, 2, 16)
+	shared := schedtest.Ticket().Prompt(2000).Shared(480).Seed(2).Obj()
 	g = mustAcquire(t, d, shared)
 	if shared.Cached != 30*16 || g.Endpoints[0] != home {
 		t.Errorf("shared prefix: Cached = %d on %s, want %d on %s", shared.Cached, g.Endpoints[0], 30*16, home)
@@ -150,7 +108,7 @@ func TestPrefixSnapshotAndAffinity(t *testing.T) {
 	if other == home {
 		other = "127.0.0.3:1"
 	}
-	pinned := promptTicket(1000, 1000, 1, 1, 16)
+	pinned := schedtest.Ticket().Prompt(1000).Shared(1000).Obj()
 	pinned.Allow, pinned.HasAllow = []string{other}, true
 	g = mustAcquire(t, d, pinned)
 	if pinned.Cached != 0 || g.Endpoints[0] != other {
@@ -166,7 +124,7 @@ func TestPrefixAffinityYieldsToLoad(t *testing.T) {
 		return startWith(t, oneClass(0), Options{Options: sched.Options{Chooser: sched.NewCostChooser(1, 1), Prefix: &sched.PrefixOptions{}}},
 			eps("127.0.0.2:1", "127.0.0.3:1")...)
 	}
-	repeat := func() *sched.Ticket { return promptTicket(1600, 1600, 1, 1, 16) }
+	repeat := func() *sched.Ticket { return schedtest.Ticket().Prompt(1600).Shared(1600).Obj() }
 
 	// While the first is in prefill (100 blocks), a repeat costs 1 + 100
 	// at home and 100 elsewhere: waiting for that prefill is no better than
@@ -189,7 +147,7 @@ func TestPrefixAffinityYieldsToLoad(t *testing.T) {
 	}
 	g3.Done()
 	// An unrelated 3200-token prefill pinned at home outweighs the cache.
-	big := promptTicket(3200, 0, 0, 5, 16)
+	big := schedtest.Ticket().Prompt(3200).Seed(5).Obj()
 	big.Allow, big.HasAllow = []string{home}, true
 	mustAcquire(t, d, big)
 	if g4 := mustAcquire(t, d, repeat()); g4.Endpoints[0] == home {
@@ -212,12 +170,12 @@ func TestCachedTokensPickTheBucket(t *testing.T) {
 		return 1
 	}
 	d := startWith(t, p, Options{Options: sched.Options{Prefix: &sched.PrefixOptions{}}}, eps("127.0.0.2:1")...)
-	a := promptTicket(1000, 1000, 1, 1, 16)
+	a := schedtest.Ticket().Prompt(1000).Shared(1000).Obj()
 	mustAcquire(t, d, a).Done()
 	if a.Class != 1 {
 		t.Fatalf("cold prompt class %d, want large", a.Class)
 	}
-	b := promptTicket(1000, 1000, 1, 1, 16)
+	b := schedtest.Ticket().Prompt(1000).Shared(1000).Obj()
 	mustAcquire(t, d, b).Done()
 	if b.Class != 0 || b.Uncached() != 1000-62*16 {
 		t.Fatalf("warm prompt class %d with %d uncached, want small with %d", b.Class, b.Uncached(), 1000-62*16)
@@ -269,6 +227,7 @@ func TestStaleAndUnseenLoadHoldRequests(t *testing.T) {
 	if e := snap.Endpoints[0]; e.UnseenWaiting != 0 {
 		t.Fatalf("our in-flight request counted as unseen: %+v", e)
 	}
+	r.g.FirstByte() // it finished: its first byte was reported
 	r.g.Done()
 	d.SetEndpointMetrics(ep, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running, Waiting: 1}, false)
 	snap, _ = d.Snapshot()
@@ -296,7 +255,7 @@ func TestStaleAndUnseenLoadHoldRequests(t *testing.T) {
 }
 
 func TestStaleRankedLastAndCandidateLoad(t *testing.T) {
-	rec := &recordingChooser{inner: sched.NewCostChooser(3, 1)}
+	rec := &schedtest.Recorder{Inner: sched.NewCostChooser(3, 1)}
 	a, b, c := "127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1"
 	d := startWith(t, oneClass(0), Options{Options: sched.Options{Chooser: rec, ExpectMetrics: true, MaxFallbacks: 2}}, eps(a, b, c)...)
 	full := podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks
@@ -307,7 +266,7 @@ func TestStaleRankedLastAndCandidateLoad(t *testing.T) {
 	if !slices.Equal(g.Endpoints, []string{b, a, c}) {
 		t.Fatalf("order %v, want [b a c]: a runs 5 sequences, c is stale", g.Endpoints)
 	}
-	cands := rec.last(t)
+	cands := rec.Last(t)
 	if got := cands[a].Decoding; got != 5 {
 		t.Errorf("a Decoding %d, want the engine's 5 running", got)
 	}
@@ -320,7 +279,7 @@ func TestStaleRankedLastAndCandidateLoad(t *testing.T) {
 	// Our own request past its first byte decodes there.
 	g.FirstByte()
 	mustAcquire(t, d, &sched.Ticket{RawISL: 64}).Done()
-	if got := rec.last(t)[b].Decoding; got != 1 {
+	if got := rec.Last(t)[b].Decoding; got != 1 {
 		t.Errorf("b Decoding %d while our request decodes there, want 1", got)
 	}
 	g.Done()

@@ -478,21 +478,30 @@ func (st *stream) decideAndAnswer(kind answerKind, trailers bool) (end bool, err
 // the gateway sees the end of the body even when it is empty. When trailers
 // follow, the body does not end the stream; the trailers answer does.
 func (st *stream) sendStreamedRequestBody(body []byte, trailers bool) error {
-	for off := 0; ; off += MaxChunkBytes {
-		end := min(off+MaxChunkBytes, len(body))
-		last := end == len(body)
-		resp := streamedBody(body[off:end], last && !trailers, true)
-		if err := st.send(resp); err != nil {
-			return err
-		}
-		if last {
-			break
-		}
+	if err := st.sendChunks(body, !trailers, true); err != nil {
+		return err
 	}
 	if trailers {
 		return st.send(emptyRequestTrailers)
 	}
 	return nil
+}
+
+// sendChunks sends body as streamed body messages of at most MaxChunkBytes
+// each, of the request's body or the response's: at least one message, so
+// an empty body still reaches the gateway, and only the last one carries
+// eos.
+func (st *stream) sendChunks(body []byte, eos, request bool) error {
+	for off := 0; ; off += MaxChunkBytes {
+		end := min(off+MaxChunkBytes, len(body))
+		last := end == len(body)
+		if err := st.send(streamedBody(body[off:end], last && eos, request)); err != nil {
+			return err
+		}
+		if last {
+			return nil
+		}
+	}
 }
 
 func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
@@ -532,16 +541,8 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		// Echo at once, chunk for chunk: nothing is buffered, so SSE events
 		// reach the client as the model server writes them.
-		body := b.GetBody()
-		for off := 0; ; off += MaxChunkBytes {
-			end := min(off+MaxChunkBytes, len(body))
-			last := end == len(body)
-			if err := st.send(streamedBody(body[off:end], last && b.GetEndOfStream(), false)); err != nil {
-				return err
-			}
-			if last {
-				break
-			}
+		if err := st.sendChunks(b.GetBody(), b.GetEndOfStream(), false); err != nil {
+			return err
 		}
 	} else {
 		// STREAMED, BUFFERED and BUFFERED_PARTIAL: an empty answer passes the

@@ -15,6 +15,14 @@
 // (BusyTest, same index), and precomputed lookup tables so that
 // Compiled.Resolve, which runs once per request, does no allocation.
 //
+// Config.Describe writes what a valid Config does, a line per compiled
+// class and per tenant rule, as `laneway validate` prints it.
+//
+// Tenants (SPEC §14, tenants.go): an Identity says where a request's tenant
+// comes from; each TenantBinding names the tenant of the identities it
+// matches and grants it Rights; Config.DefaultTenant is the Rights of every
+// other identity, with no name or match of its own.
+//
 // Hints merges the priority hints of one request: the body's, which
 // tokenize.Extract reads in its single pass over the body
 // (Hints.ApplyAgentHints), and the headers' (HeaderHints), which override

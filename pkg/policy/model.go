@@ -117,10 +117,11 @@ type Config struct {
 	Models []ModelProfile
 	// Identity, Tenants and DefaultTenant are the pool's tenant rules
 	// (SPEC §14; tenants.go). Nil Identity: no identity source, client
-	// hints trusted.
+	// hints trusted. DefaultTenant is the rights of the identities no
+	// binding matches; nil grants any class with the default caps.
 	Identity      *Identity
 	Tenants       []TenantBinding
-	DefaultTenant *TenantBinding
+	DefaultTenant *Rights
 }
 
 // Canonical returns a copy of c in a source-independent form, so that a

@@ -194,19 +194,20 @@ func setTenants(cfg *Config, s *v1alpha1.PolicyProfileSpec) {
 	}
 	for i := range s.Tenants {
 		b := &s.Tenants[i]
-		tb := bindingFromRights(&b.TenantRights)
-		tb.Name = b.Name
-		tb.Match = TenantMatch{Exact: slices.Clone(b.Match.Exact), Prefix: slices.Clone(b.Match.Prefix)}
-		cfg.Tenants = append(cfg.Tenants, tb)
+		cfg.Tenants = append(cfg.Tenants, TenantBinding{
+			Name:   b.Name,
+			Match:  TenantMatch{Exact: slices.Clone(b.Match.Exact), Prefix: slices.Clone(b.Match.Prefix)},
+			Rights: rightsFromSpec(&b.TenantRights),
+		})
 	}
 	if g := s.DefaultTenant; g != nil {
-		b := bindingFromRights(g)
-		cfg.DefaultTenant = &b
+		r := rightsFromSpec(g)
+		cfg.DefaultTenant = &r
 	}
 }
 
-func bindingFromRights(g *v1alpha1.TenantRights) TenantBinding {
-	return TenantBinding{
+func rightsFromSpec(g *v1alpha1.TenantRights) Rights {
+	return Rights{
 		Allowed:               slices.Clone(g.Allowed),
 		DefaultFamily:         g.DefaultFamily,
 		Weight:                clonePtr(g.Weight),
@@ -217,7 +218,7 @@ func bindingFromRights(g *v1alpha1.TenantRights) TenantBinding {
 	}
 }
 
-func rightsFromBinding(b *TenantBinding) v1alpha1.TenantRights {
+func rightsToSpec(b *Rights) v1alpha1.TenantRights {
 	return v1alpha1.TenantRights{
 		Allowed:               slices.Clone(b.Allowed),
 		DefaultFamily:         b.DefaultFamily,
@@ -242,11 +243,11 @@ func tenantsToSpec(cfg *Config, s *v1alpha1.PolicyProfileSpec) {
 		s.Tenants = append(s.Tenants, v1alpha1.TenantBinding{
 			Name:         b.Name,
 			Match:        v1alpha1.TenantMatch{Exact: slices.Clone(b.Match.Exact), Prefix: slices.Clone(b.Match.Prefix)},
-			TenantRights: rightsFromBinding(b),
+			TenantRights: rightsToSpec(&b.Rights),
 		})
 	}
-	if b := cfg.DefaultTenant; b != nil {
-		g := rightsFromBinding(b)
+	if r := cfg.DefaultTenant; r != nil {
+		g := rightsToSpec(r)
 		s.DefaultTenant = &g
 	}
 }

@@ -98,13 +98,12 @@ func (m *TenantMatch) Matches(id string) bool {
 	return false
 }
 
-// TenantBinding is what the identities it matches may do. The default
-// binding (Config.DefaultTenant) has no Name or Match.
-type TenantBinding struct {
-	// Name is the tenant of every identity the binding matches (they share
-	// one DRR share and one set of queue limits).
-	Name  string
-	Match TenantMatch
+// Rights is what a tenant may do: the classes it may ask for, its DRR
+// weight, its hint caps and its queue limits. A TenantBinding grants them
+// to the identities it matches, and Config.DefaultTenant, which has no
+// name and no match, to every other identity. (TenantRights is their
+// compiled form, resolved for one request.)
+type Rights struct {
 	// Allowed lists the families and explicit class names the tenant may
 	// ask for; empty means any. A class header outside it is ignored.
 	Allowed []string
@@ -122,6 +121,16 @@ type TenantBinding struct {
 	// requests and raw prompt tokens in each class; nil is none.
 	RequestQueueLimit     *int64
 	RawISLTokenQueueLimit *int64
+}
+
+// TenantBinding names the tenant of the identities it matches and grants
+// it its Rights.
+type TenantBinding struct {
+	// Name is the tenant of every identity the binding matches (they share
+	// one DRR share and one set of queue limits).
+	Name  string
+	Match TenantMatch
+	Rights
 }
 
 // HeaderNamePattern is what identity.header must match: a lower-case
@@ -175,16 +184,17 @@ func validateTenants(ps *Problems, c *Config) {
 		if slices.Contains(b.Match.Prefix, "") {
 			add(RuleTenant, "%s: match.prefix \"\" would match every identity; use default_tenant", where)
 		}
-		validateBinding(add, where, b, c)
+		validateRights(add, where, &b.Rights, c)
 	}
-	if b := c.DefaultTenant; b != nil {
-		validateBinding(add, "default_tenant", b, c)
+	if r := c.DefaultTenant; r != nil {
+		validateRights(add, "default_tenant", r, c)
 	}
 }
 
-// validateBinding checks one binding's grants against the classes of the
-// root and of every model profile: bindings apply to all of them.
-func validateBinding(add func(Rule, string, ...any), where string, b *TenantBinding, c *Config) {
+// validateRights checks the rights of one binding (or of the default
+// tenant) against the classes of the root and of every model profile:
+// bindings apply to all of them.
+func validateRights(add func(Rule, string, ...any), where string, b *Rights, c *Config) {
 	inProfile := func(p *Profile, name string) bool {
 		for i := range p.Classes {
 			cl := &p.Classes[i]
@@ -279,8 +289,10 @@ type CompiledBinding struct {
 	rawLimit      uint64 // 0: none
 }
 
-func compileBinding(b *TenantBinding, identity bool) CompiledBinding {
-	out := CompiledBinding{Name: b.Name, defaultFamily: b.DefaultFamily, weight: 1}
+// compileBinding compiles the rights b of the binding called name ("" for
+// the default tenant).
+func compileBinding(name string, b *Rights, identity bool) CompiledBinding {
+	out := CompiledBinding{Name: name, defaultFamily: b.DefaultFamily, weight: 1}
 	if len(b.Allowed) > 0 {
 		out.allowed = make(map[string]bool, len(b.Allowed))
 		for _, a := range b.Allowed {
@@ -315,15 +327,14 @@ func compileBinding(b *TenantBinding, identity bool) CompiledBinding {
 func compileTenants(c *Config, classes []drr.ClassConfig) compiledTenants {
 	identity := c.Identity != nil
 	out := compiledTenants{identity: c.Identity, exact: map[string]int{}}
-	def := TenantBinding{}
+	def := Rights{}
 	if c.DefaultTenant != nil {
 		def = *c.DefaultTenant
 	}
-	out.def = compileBinding(&def, identity)
-	out.def.Name = ""
+	out.def = compileBinding("", &def, identity)
 	for i := range c.Tenants {
 		b := &c.Tenants[i]
-		out.bindings = append(out.bindings, compileBinding(b, identity))
+		out.bindings = append(out.bindings, compileBinding(b.Name, &b.Rights, identity))
 		out.prefixes = append(out.prefixes, b.Match.Prefix)
 		for _, e := range b.Match.Exact {
 			if _, ok := out.exact[e]; !ok {

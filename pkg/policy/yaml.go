@@ -178,11 +178,12 @@ var (
 	rootKeys     = append(slices.Clone(profileKeys), "models", "identity", "tenants", "default_tenant")
 	identityKeys = []string{"header", "metadata", "anonymous"}
 	metadataKeys = []string{"namespace", "path"}
-	bindingKeys  = []string{"name", "match", "allowed", "default_family", "weight", "max_priority",
+	rightsKeys   = []string{"allowed", "default_family", "weight", "max_priority",
 		"max_strict_priority", "request_queue_limit", "raw_isl_token_queue_limit"}
-	matchKeys  = []string{"exact", "prefix"}
-	bucketKeys = []string{"min_tokens", "bucket"}
-	classKeys  = []string{
+	bindingKeys = append([]string{"name", "match"}, rightsKeys...)
+	matchKeys   = []string{"exact", "prefix"}
+	bucketKeys  = []string{"min_tokens", "bucket"}
+	classKeys   = []string{
 		"name", "policy_family", "cache_bucket", "queue_policy", "quantum",
 		"prefill_busy_threshold", "prefill_busy_threshold_frac", "busy_worker_ratio",
 		"request_queue_limit_per_worker", "raw_isl_token_queue_limit_per_worker",
@@ -248,11 +249,11 @@ func (p *parser) profile(n *yaml.Node, path string, out *Profile, models *[]Mode
 					}
 					return
 				}
-				cfg.Tenants = append(cfg.Tenants, p.binding(e, fmt.Sprintf("%s[%d]", key, i), true))
+				cfg.Tenants = append(cfg.Tenants, p.binding(e, fmt.Sprintf("%s[%d]", key, i)))
 			})
 		case "default_tenant":
-			b := p.binding(v, key, false)
-			cfg.DefaultTenant = &b
+			r := p.rights(v, key)
+			cfg.DefaultTenant = &r
 		case "models":
 			v = resolveAlias(v)
 			if v.Kind != yaml.MappingNode {
@@ -356,15 +357,10 @@ func (p *parser) identity(n *yaml.Node, path string) *Identity {
 	return id
 }
 
-// binding reads a tenant binding; named is false for default_tenant,
-// which has no name or match.
-func (p *parser) binding(n *yaml.Node, path string, named bool) TenantBinding {
+// binding reads a tenant binding: a name, a match and rights.
+func (p *parser) binding(n *yaml.Node, path string) TenantBinding {
 	var b TenantBinding
-	keys := bindingKeys
-	if !named {
-		keys = bindingKeys[2:]
-	}
-	p.mapping(n, path, keys, func(key string, v *yaml.Node) {
+	p.mapping(n, path, bindingKeys, func(key string, v *yaml.Node) {
 		kp := path + "." + key
 		switch key {
 		case "name":
@@ -378,23 +374,41 @@ func (p *parser) binding(n *yaml.Node, path string, named bool) TenantBinding {
 					b.Match.Prefix = p.strs(v, kp+"."+k)
 				}
 			})
-		case "allowed":
-			b.Allowed = p.strs(v, kp)
-		case "default_family":
-			b.DefaultFamily = p.str(v, kp)
-		case "weight":
-			b.Weight = ptr(p.int(v, kp))
-		case "max_priority":
-			b.MaxPriority = ptr(p.int(v, kp))
-		case "max_strict_priority":
-			b.MaxStrictPriority = ptr(p.int(v, kp))
-		case "request_queue_limit":
-			b.RequestQueueLimit = ptr(p.int(v, kp))
-		case "raw_isl_token_queue_limit":
-			b.RawISLTokenQueueLimit = ptr(p.int(v, kp))
+		default:
+			p.right(&b.Rights, key, v, kp)
 		}
 	})
 	return b
+}
+
+// rights reads default_tenant: rights alone, so a name or a match there
+// is an unknown key.
+func (p *parser) rights(n *yaml.Node, path string) Rights {
+	var r Rights
+	p.mapping(n, path, rightsKeys, func(key string, v *yaml.Node) {
+		p.right(&r, key, v, path+"."+key)
+	})
+	return r
+}
+
+// right reads the value v of one of rightsKeys into r.
+func (p *parser) right(r *Rights, key string, v *yaml.Node, kp string) {
+	switch key {
+	case "allowed":
+		r.Allowed = p.strs(v, kp)
+	case "default_family":
+		r.DefaultFamily = p.str(v, kp)
+	case "weight":
+		r.Weight = ptr(p.int(v, kp))
+	case "max_priority":
+		r.MaxPriority = ptr(p.int(v, kp))
+	case "max_strict_priority":
+		r.MaxStrictPriority = ptr(p.int(v, kp))
+	case "request_queue_limit":
+		r.RequestQueueLimit = ptr(p.int(v, kp))
+	case "raw_isl_token_queue_limit":
+		r.RawISLTokenQueueLimit = ptr(p.int(v, kp))
+	}
 }
 
 // strs reads a list of strings.

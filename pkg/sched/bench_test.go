@@ -1,10 +1,12 @@
-package sched
+package sched_test
 
 import (
 	"fmt"
 	"testing"
 
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
+	"github.com/laneway-dev/laneway/pkg/sched"
+	"github.com/laneway-dev/laneway/pkg/sched/schedtest"
 )
 
 // BenchmarkDecision is the core's whole work for one direct request of a
@@ -21,25 +23,26 @@ func BenchmarkDecision(b *testing.B) {
 			for i := range c.endpoints {
 				addrs = append(addrs, fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1))
 			}
-			core := newCore(b, byHeader(0, class("standard", 1, 0)), Options{Chooser: NewCostChooser(1, 1), Prefix: &PrefixOptions{}}, addrs...)
-			tk := promptTicket(32768, 32768, 1, 1, 16)
+			core := sched.NewTestCore(b, sched.ByHeader(0, sched.FCFSClass("standard", 1, 0)),
+				sched.Options{Chooser: sched.NewCostChooser(1, 1), Prefix: &sched.PrefixOptions{}}, addrs...)
+			tk := schedtest.Ticket().Prompt(32768).Shared(32768).Obj()
 			for i := range holders {
-				core.index.Record(int(core.reg.live[i]), tk.Blocks[:len(tk.Blocks)*(i+1)/holders], 16, 0)
+				core.RecordOn(i, tk.Blocks[:len(tk.Blocks)*(i+1)/holders], 16)
 			}
 			if holders == 0 {
-				tk = promptTicket(32768, 0, 0, 2, 16) // nothing of it anywhere
+				tk = schedtest.Ticket().Prompt(32768).Seed(2).Obj() // nothing of it anywhere
 			}
 			blocks := tk.Blocks
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				*tk = Ticket{RawISL: 32768, Blocks: blocks, BlockSize: 16}
-				admit(core, 0, tk)
+				*tk = sched.Ticket{RawISL: 32768, Blocks: blocks, BlockSize: 16}
+				sched.AdmitTicket(core, 0, tk)
 				l := core.Drain(0)
 				if len(l) != 1 || l[0].Grant == nil {
 					b.Fatalf("decisions %v, want one grant", l)
 				}
-				core.Release(l[0].Grant, EventDone)
+				core.Release(l[0].Grant, sched.EventDone)
 			}
 		})
 	}
@@ -57,19 +60,19 @@ func BenchmarkUnchangedScrape(b *testing.B) {
 			for i := range 1000 {
 				addrs = append(addrs, fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1))
 			}
-			core := newCore(b, byHeader(1, class("standard", 1, 0)), Options{}, addrs...)
+			core := sched.NewTestCore(b, sched.ByHeader(1, sched.FCFSClass("standard", 1, 0)), sched.Options{}, addrs...)
 			for range len(addrs) + 100 { // one prefill each makes every endpoint busy; 100 wait
-				admit(core, 0, &Ticket{RawISL: 512})
+				sched.AdmitTicket(core, 0, &sched.Ticket{RawISL: 512})
 			}
 			if l := core.Drain(0); len(l) != len(addrs) {
 				b.Fatalf("%d grants, want %d", len(l), len(addrs))
 			}
 			m := podmetrics.Metrics{Known: podmetrics.Waiting}
-			core.SetMetrics(addrs[0], m, false)
+			core.SetMetrics(0, addrs[0], m, false)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				if core.SetMetrics(addrs[0], m, false) {
+				if core.SetMetrics(0, addrs[0], m, false) {
 					b.Fatal("an unchanged scrape reported a change")
 				}
 				if drain {

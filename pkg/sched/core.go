@@ -75,19 +75,17 @@ type Core struct {
 	// buffer handed out by the previous Drain, reused by the next one.
 	out, outSpare []Leave
 
-	cands []Candidate // scratch for picks
-	order []int       // scratch for picks
+	set   candidateSet // scratch: the last walk's candidates (candidates)
+	cands []Candidate  // scratch for picks: the set as the Chooser sees it
+	order []int        // scratch for picks
 
-	// The prefix-cache index and the cost snapshot's per-endpoint
-	// overlaps, kept for a grant in the same call (overlapFor).
-	index      *affinity.Index // nil: no prefix index
-	indexGen   uint64          // bumped by every Record
-	overlap    []int           // by EndpointID: blocks cached, valid for overlapFor at overlapGen
-	overlapFor *Request
-	overlapGen uint64
-	baseBS     int    // PrefixOptions.BlockSize
-	hashBS     int    // the block size parsers should hash at
-	meanPrompt uint64 // moving mean of dispatched uncached tokens
+	// awaitingEps are the endpoints whose ledger holds grants (ledger.go).
+	awaitingEps []*endpoint
+
+	index      *affinity.Index // the prefix-cache index; nil: none
+	baseBS     int             // PrefixOptions.BlockSize
+	hashBS     int             // the block size parsers should hash at
+	meanPrompt uint64          // moving mean of dispatched uncached tokens
 }
 
 // Request is one request inside the core, from Admit until its Leave. The
@@ -164,9 +162,20 @@ func (c *Core) Len() int { return c.q.Len() }
 // largest KV block size an endpoint reports if that is larger.
 func (c *Core) BlockSize() int { return c.hashBS }
 
-// NextDeadline returns the earliest time a queued request's wait budget
-// runs out: the driver should call Drain then.
-func (c *Core) NextDeadline() (at int64, ok bool) { return c.q.NextExpiry() }
+// NextDeadline returns the earliest time the driver should call Drain:
+// when a queued request's wait budget runs out, or, while requests are
+// queued, when the engine is predicted to finish a prefill the picker
+// was not told about (ledger.go).
+func (c *Core) NextDeadline() (at int64, ok bool) {
+	at, ok = c.q.NextExpiry()
+	if c.q.Len() == 0 {
+		return at, ok
+	}
+	if p, pok := c.nextPrediction(); pok && (!ok || p < at) {
+		at, ok = p, true
+	}
+	return at, ok
+}
 
 // ClassName returns the name of class i of the policy in force ("" when
 // out of range).
@@ -177,10 +186,15 @@ func (c *Core) ClassName(i int) string {
 	return ""
 }
 
-// Admit takes a new request at now: it resolves the class and the cost
-// snapshot (SPEC §1, §2), applies eligibility and admission (SPEC §5), and
-// either decides it at once (a grant or an error, both in the next Drain's
-// Leaves) or queues it. r must be fresh (Reset).
+// Admit takes a new request at now: it takes the cost snapshot and
+// resolves the class (SPEC §1, §2), applies eligibility and admission
+// (SPEC §5), and either decides it at once (a grant or an error, both in
+// the next Drain's Leaves) or queues it. r must be fresh (Reset).
+//
+// One walk over the request's endpoints builds its candidate set
+// (eligibility and prefix overlap); the class is resolved once, after the
+// snapshot, since the cached tokens pick the cache bucket; the busy test,
+// the verdict and a direct grant's pick all read that same set.
 func (c *Core) Admit(now int64, r *Request) {
 	if r.state != stateNew {
 		panic("sched: Admit of a request already admitted")
@@ -190,22 +204,25 @@ func (c *Core) Admit(now int64, r *Request) {
 		return
 	}
 	t := r.Ticket
-	c.pol.entitle(t)
-	t.Class = c.pol.resolve(t)
+	c.pol.entitle(t) // resolution reads the tenant's rights
 	if err := c.resolveAllow(r); err != nil {
+		t.Class = c.pol.resolve(t) // the answer names a class
 		c.reject(r, err, ReasonNoEndpoints)
 		return
 	}
-	if c.snapshotCached(now, r) {
-		t.Class = c.pol.resolve(t) // the cached tokens pick the cache bucket
+	hashes := c.cacheableBlocks(t)
+	s := c.candidates(now, r, hashes, noClass)
+	if len(hashes) > 0 {
+		t.Cached = s.best
 	}
-	v := c.judge(t.Class, r)
+	t.Class = c.pol.resolve(t)
+	v := c.judge(s, t.Class)
 	if v == drr.Unroutable {
-		c.reject(r, c.noEndpoint(r), ReasonNoEndpoints)
+		c.reject(r, c.noEndpoint(r, s), ReasonNoEndpoints)
 		return
 	}
 	r.arrival = now
-	item, err := c.q.OfferTenant(drr.Request{
+	item, err := c.q.Offer(drr.Request{
 		Class:          int32(t.Class),
 		Pinned:         r.pinned,
 		RawISL:         t.RawISL,
@@ -225,7 +242,7 @@ func (c *Core) Admit(now int64, r *Request) {
 		return
 	}
 	if item == nil {
-		c.grant(now, r, false)
+		c.grant(now, r, false, s)
 		return
 	}
 	r.item = item
@@ -245,7 +262,7 @@ func (c *Core) Cancel(r *Request) bool {
 		}
 	case stateLeft:
 		if g := r.grant; g != nil && g.done.CompareAndSwap(false, true) {
-			c.Release(g, EventDone)
+			c.releaseUnsent(g)
 		}
 	}
 	return false
@@ -254,8 +271,10 @@ func (c *Core) Cancel(r *Request) bool {
 // Drain dispatches every queued request that can leave at now (SPEC §5:
 // draining is repeated until nothing is dispatchable) and returns every
 // decision since the previous Drain, in the order they were taken. The
-// slice is valid until the next Drain.
+// slice is valid until the next Drain. It first releases the grants the
+// engine is predicted to have prefilled by now (ledger.go).
 func (c *Core) Drain(now int64) []Leave {
+	c.predict(now)
 	for c.q.Len() > 0 {
 		it, out := c.q.Pop(now, c.probe)
 		if out == drr.None {
@@ -265,7 +284,10 @@ func (c *Core) Drain(now int64) []Leave {
 		r.item = nil
 		switch out {
 		case drr.Dispatch:
-			c.grant(now, r, true)
+			// The endpoints changed since admission: a fresh walk, with
+			// the prefix overlap the pick ranks by.
+			s := c.candidates(now, r, c.cacheableBlocks(r.Ticket), r.Ticket.Class)
+			c.grant(now, r, true, s)
 		case drr.Expired:
 			cfg := c.pol.Classes[it.Class]
 			c.reject(r, &ShedError{
@@ -274,7 +296,7 @@ func (c *Core) Drain(now int64) []Leave {
 				Budget: cfg.WaitBudget,
 			}, ReasonShed)
 		case drr.NoRoute:
-			c.reject(r, c.noEndpoint(r), ReasonNoEndpoints)
+			c.reject(r, c.noEndpoint(r, c.candidates(now, r, nil, noClass)), ReasonNoEndpoints)
 		}
 	}
 	out := c.out
@@ -289,9 +311,6 @@ func (c *Core) leave(r *Request, l Leave) {
 		panic("sched: a request left twice")
 	}
 	r.state = stateLeft
-	if c.overlapFor == r {
-		c.overlapFor = nil // the driver may recycle r now
-	}
 	l.Req = r
 	l.Class = c.ClassName(r.Ticket.Class)
 	l.Tenant = r.Ticket.Rights.Name
@@ -311,7 +330,7 @@ func (c *Core) SetPolicy(p *Policy) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	err := c.q.SetClassesTenants(p.Classes, func(it *drr.Item) (int, drr.Tenant) {
+	err := c.q.SetClasses(p.Classes, func(it *drr.Item) (int, drr.Tenant) {
 		t := it.Payload.(*Request).Ticket
 		p.entitle(t)
 		t.Class = p.resolve(t)
@@ -367,6 +386,7 @@ func (c *Core) Snapshot() Snapshot {
 			Addr: e.addr, ActivePrefill: e.activePrefill, InFlight: e.inFlight, Tainted: e.tainted,
 			Stale: e.stale, UnseenWaiting: e.unseenWaiting, UnseenPrefill: e.unseenPrefill,
 			EngineWaiting: e.waiting, MaxBatchedTokens: e.maxBatched, Busy: c.busyEverywhere(e),
+			AwaitingEngine: e.led.len(), PrefillRate: e.led.rate,
 		}
 		if c.index != nil {
 			es.IndexTokens = c.index.Stats(int(id)).Tokens

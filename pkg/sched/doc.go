@@ -34,9 +34,21 @@
 // everything is released; a removed endpoint's pinned requests are answered
 // 503 before its id is reused.
 //
-// Complexity, for E live endpoints, C classes and L exact lanes rechecked:
-// Admit O(E + log n) (eligibility, busy test and prefix overlap over the
-// candidate endpoints; O(|allow|) with a subset hint); one dispatch O(C +
-// L log L) in pkg/drr plus O(E) for the pick; Release O(1); SetEndpoints
-// O(E log E); SetPolicy O(n log n) for n queued requests.
+// Admission is one pass: a single walk over the request's endpoints
+// builds its candidate set (eligibility and prefix overlap, and which
+// filter dropped the others), the class is resolved once from the cost
+// snapshot that set gives, and the busy test, the verdict, a direct
+// grant's pick and a 503's filter all read that same set. It is the
+// package's only eligibility walk; a queued head's probe and a grant at
+// Drain run it afresh, as the endpoints change while a request waits.
+//
+// Complexity, for E live endpoints (|allow| with a subset hint), C
+// classes and L exact lanes rechecked: Admit O(E + log n): one walk, with
+// one prefix-index lookup per eligible endpoint, then a loop over the
+// candidates for the busy test and, for a direct grant, one for the pick;
+// one dispatch O(C + L log L) in pkg/drr plus O(E) for a shared head's
+// probe and O(E) for the grant's walk and pick; Release O(1);
+// SetEndpoints O(E log E); SetPolicy O(n log n) for n queued requests.
+// The walk's and the pick's buffers live on the Core and are reused from
+// one decision to the next.
 package sched

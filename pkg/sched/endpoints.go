@@ -25,10 +25,12 @@ type endpoint struct {
 	engine policy.Engine
 	// stale: metrics are expected and not fresh (busy, ranked last).
 	stale bool
-	// peakInFlight is the most requests this picker had in flight there
-	// since the last metrics delivery: the most of the engine's queue that
-	// can be ours.
-	peakInFlight int
+	// peakOurs is the most requests this picker had in the engine there
+	// since the last metrics delivery (ours()): the most of the engine's
+	// queue that can be ours.
+	peakOurs int
+	// led reconciles what this picker sent with the engine's counters.
+	led ledger
 	// unseenWaiting and unseenPrefill: the engine's waiting requests that
 	// are not ours, and the prompt tokens the busy test counts for them.
 	unseenWaiting int
@@ -46,6 +48,11 @@ type endpoint struct {
 
 // load is the prefill the busy test counts: ours plus the unseen estimate.
 func (e *endpoint) load() uint64 { return drr.SaturatingAdd(e.activePrefill, e.unseenPrefill) }
+
+// ours is how many of our requests may be in the engine: those with an
+// open stream, and those whose stream ended before the engine confirmed
+// their prefill.
+func (e *endpoint) ours() int { return e.inFlight + e.led.len() }
 
 // registry maps addresses to endpoints and hands out their ids: the index
 // of drr's exact lanes, the prefix index's slots and the overlap scratch.
@@ -73,7 +80,6 @@ func (g *registry) byID(id drr.EndpointID) *endpoint {
 // 503, and queued shared requests are examined again at the next Drain.
 func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 	g := &c.reg
-	c.overlapFor = nil // per-endpoint overlaps may name other endpoints now
 	seen := make(map[string]bool, len(eps))
 	for _, in := range eps {
 		if in.Addr == "" || seen[in.Addr] {
@@ -98,7 +104,7 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 			g.eps = append(g.eps, nil)
 		}
 		e := &endpoint{id: id, addr: in.Addr, maxBatched: in.MaxBatchedTokens, tainted: in.Tainted,
-			rank: in.Rank, engine: eng, stale: c.opts.ExpectMetrics}
+			rank: in.Rank, engine: eng, stale: c.opts.ExpectMetrics, led: newLedger()}
 		g.eps[id] = e
 		if c.index != nil {
 			c.index.Drop(int(id)) // a reused id starts with an empty index
@@ -113,6 +119,9 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 			delete(g.byAddr, addr)
 			c.q.EndpointChanged(e.id)
 			removed = append(removed, e.id)
+			for e.led.len() > 0 { // nothing waits on a gone endpoint's engine
+				c.confirm(e)
+			}
 			if c.index != nil {
 				c.index.Drop(int(e.id))
 			}
@@ -189,10 +198,99 @@ func appendUnique(eps []*endpoint, e *endpoint) []*endpoint {
 	return append(eps, e)
 }
 
-// numCandidates and candidateAt walk the endpoints a request may go to:
-// its allow-list, or every live endpoint. Eligibility is the caller's to
-// check. (An index walk rather than a callback: it runs per endpoint on
-// every admission.)
+// candidate is one endpoint a request may go to now, as the walk that
+// found it saw it: the prompt tokens it probably has cached (0 without a
+// prefix snapshot) and whether it is busy for the class judged. It names
+// the endpoint by id: a candidate is live, and no SetEndpoints comes
+// between a walk and the decision that reads it, so c.reg.eps[id] is the
+// endpoint (and the set holds no pointer for the collector to scan).
+type candidate struct {
+	id     drr.EndpointID
+	busy   bool
+	cached uint64
+}
+
+// candidateSet is what one walk over a request's endpoints found: the
+// eligible ones, in walk order, and the filters that dropped the others.
+// The verdict, the pick and the 503 of one decision are all read from the
+// same set.
+type candidateSet struct {
+	eps []candidate
+	// best is the most cached tokens of any candidate: the cost snapshot's
+	// Cached (SPEC §1).
+	best uint64
+	// busy counts the candidates busy for the class judged.
+	busy int
+	// ranked: some live endpoint of the walk was inside the request's
+	// data-parallel ranks; overloaded: one of those was past the overload
+	// filter. They name the filter of a 503 when no candidate is left.
+	ranked, overloaded bool
+}
+
+// candidates is the package's one eligibility walk (SPEC §5): it refills
+// the core's scratch set with the endpoints r may go to now, in its
+// allow-list's order or the live endpoints' address order, each with its
+// prefix overlap when hashes is not empty, and records what the filters
+// dropped. Eligibility is the same for queued and direct requests: a live
+// endpoint, inside the request's data-parallel ranks, past the overload
+// filter, not tainted unless the request is pinned to it.
+//
+// With a class index each candidate is judged for it on the way (see
+// judge); admission passes noClass, as its class depends on the set's
+// cached tokens, and judges once it has resolved it. The set stays valid
+// until the next walk. O(|allow|) with a subset hint, else O(E), plus the
+// index's overlap per candidate.
+func (c *Core) candidates(now int64, r *Request, hashes []uint64, class int) *candidateSet {
+	var rule *policy.BusyTest
+	if class != noClass {
+		rule = &c.pol.Busy[class]
+	}
+	s := &c.set
+	c.walk(s, r, rule)
+	if len(hashes) > 0 {
+		t := r.Ticket
+		for i := range s.eps {
+			x := &s.eps[i]
+			x.cached = cachedTokens(c.index.Overlap(int(x.id), hashes, now), t)
+			s.best = max(s.best, x.cached)
+		}
+	}
+	return s
+}
+
+// walk is candidates' loop over the endpoints, without the overlaps. It
+// runs per endpoint on every admission and every probe of a queued head,
+// so it is a function of its own with no call on its path (append grows
+// the scratch only while it is new): a call in the loop, such as the
+// index's, makes the compiler spill its registers on every endpoint.
+func (c *Core) walk(s *candidateSet, r *Request, rule *policy.BusyTest) {
+	s.eps = s.eps[:0]
+	s.best, s.busy, s.ranked, s.overloaded = 0, 0, false, false
+	pinned := r.pinned != drr.NoEndpoint
+	for i, n := 0, c.numCandidates(r); i < n; i++ {
+		e := c.candidateAt(r, i)
+		if e.removed || !inRanks(e, r.Ticket) {
+			continue
+		}
+		s.ranked = true
+		if c.overloaded(e) {
+			s.overloaded = true
+			continue
+		}
+		if e.tainted && !pinned {
+			continue
+		}
+		x := candidate{id: e.id}
+		if rule != nil && e.busyUnder(rule) {
+			x.busy = true
+			s.busy++
+		}
+		s.eps = append(s.eps, x)
+	}
+}
+
+// numCandidates and candidateAt index the endpoints a request may go to:
+// its allow-list, or every live endpoint.
 func (c *Core) numCandidates(r *Request) int {
 	if r.allow != nil {
 		return len(r.allow)
@@ -207,17 +305,6 @@ func (c *Core) candidateAt(r *Request, i int) *endpoint {
 	return c.reg.eps[c.reg.live[i]]
 }
 
-// eligible is SPEC §5's eligibility, the same for queued and direct
-// requests: a live endpoint, inside the request's data-parallel ranks,
-// past the overload filter, not tainted unless the request is pinned to
-// it.
-func (c *Core) eligible(e *endpoint, r *Request) bool {
-	if e == nil || e.removed || c.overloaded(e) || !inRanks(e, r.Ticket) {
-		return false
-	}
-	return !e.tainted || r.pinned != drr.NoEndpoint
-}
-
 func inRanks(e *endpoint, t *Ticket) bool {
 	return !t.HasRanks || (e.rank >= t.RankLo && e.rank <= t.RankHi)
 }
@@ -229,52 +316,54 @@ func (c *Core) overloaded(e *endpoint) bool {
 	return c.opts.MaxEngineQueue > 0 && !e.stale && e.waiting > c.opts.MaxEngineQueue
 }
 
+// noClass is the class argument of a walk whose class is not known yet.
+const noClass = -1
+
 // busy is the class's busy test (SPEC §5) on the endpoint's prefill load,
 // ours plus the unseen estimate; an endpoint with stale metrics is busy.
 func (c *Core) busy(e *endpoint, class int) bool {
-	return e.stale || c.pol.Busy[class].EndpointBusy(e.load(), e.maxBatched)
+	return e.busyUnder(&c.pol.Busy[class])
 }
 
-// judge is the busy test of SPEC §5 over a request's eligible endpoints.
-func (c *Core) judge(class int, r *Request) drr.Verdict {
-	eligible, busy := 0, 0
-	for i, n := 0, c.numCandidates(r); i < n; i++ {
-		e := c.candidateAt(r, i)
-		if !c.eligible(e, r) {
-			continue
-		}
-		eligible++
-		if c.busy(e, class) {
-			busy++
+// busyUnder is the busy test under one class's rule (see busy).
+func (e *endpoint) busyUnder(rule *policy.BusyTest) bool {
+	return e.stale || rule.EndpointBusy(e.load(), e.maxBatched)
+}
+
+// judge is the busy test of SPEC §5 over a candidate set walked without
+// a class: it marks each candidate busy or not for class (what the pick
+// then reads) and returns the shared verdict.
+func (c *Core) judge(s *candidateSet, class int) drr.Verdict {
+	s.busy = 0
+	rule := &c.pol.Busy[class]
+	for i := range s.eps {
+		x := &s.eps[i]
+		x.busy = c.reg.eps[x.id].busyUnder(rule)
+		if x.busy {
+			s.busy++
 		}
 	}
-	if eligible == 0 {
+	return c.verdict(s, class)
+}
+
+// verdict is the shared verdict of a judged candidate set.
+func (c *Core) verdict(s *candidateSet, class int) drr.Verdict {
+	if len(s.eps) == 0 {
 		return drr.Unroutable
 	}
-	if c.pol.Busy[class].SharedBlocked(busy, eligible) {
+	if c.pol.Busy[class].SharedBlocked(s.busy, len(s.eps)) {
 		return drr.Blocked
 	}
 	return drr.Ready
 }
 
-// noEndpoint names the filter that left r without an endpoint.
-func (c *Core) noEndpoint(r *Request) error {
-	overloaded, ranked := false, false
-	for i, n := 0, c.numCandidates(r); i < n; i++ {
-		e := c.candidateAt(r, i)
-		if e.removed || !inRanks(e, r.Ticket) {
-			continue
-		}
-		ranked = true
-		if c.overloaded(e) {
-			overloaded = true
-			break
-		}
-	}
+// noEndpoint names the filter that left r without an endpoint, from the
+// walk that found no candidate for it.
+func (c *Core) noEndpoint(r *Request, s *candidateSet) error {
 	switch {
-	case len(c.reg.live) > 0 && !ranked && r.Ticket.HasRanks:
+	case len(c.reg.live) > 0 && !s.ranked && r.Ticket.HasRanks:
 		return &NoEndpointError{Filter: fmt.Sprintf("no endpoint has a data-parallel rank in %d-%d", r.Ticket.RankLo, r.Ticket.RankHi)}
-	case overloaded:
+	case s.overloaded:
 		return &NoEndpointError{Filter: fmt.Sprintf("overload filter: the engine queue of every candidate endpoint is past --max-engine-queue=%d", c.opts.MaxEngineQueue)}
 	case len(c.reg.live) == 0:
 		return &NoEndpointError{Filter: "the pool has no ready endpoint"}
@@ -288,8 +377,10 @@ func (c *Core) noEndpoint(r *Request) error {
 // prober answers pkg/drr's questions about heads of line.
 type prober struct{ c *Core }
 
+// Shared judges a queued head on a fresh walk: the endpoints changed since
+// it was admitted. No prefix snapshot: the verdict does not read it.
 func (p prober) Shared(class int, it *drr.Item) drr.Verdict {
-	return p.c.judge(class, it.Payload.(*Request))
+	return p.c.verdict(p.c.candidates(0, it.Payload.(*Request), nil, class), class)
 }
 
 func (p prober) Lane(class int, ep drr.EndpointID) drr.Verdict {

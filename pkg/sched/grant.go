@@ -34,14 +34,19 @@ type Grant struct {
 	// Engine is the picked endpoint's engine (for the priority polarity).
 	Engine policy.Engine
 
-	rel             Releaser
-	ep              *endpoint
-	pick            [1]string // Endpoints' storage when there are no fallbacks
-	prefill         uint64    // owner-only from here on
+	rel  Releaser
+	ep   *endpoint
+	pick [1]string // Endpoints' storage when there are no fallbacks
+
+	// Owner-only from here on: the charge (uncached tokens), the prompt
+	// as the engine counts it (raw tokens) and when it was sent.
+	prefill, raw    uint64
+	sentAt          int64
 	prefillReleased bool
 	finished        bool
-	firstByte       atomic.Bool
-	done            atomic.Bool
+
+	firstByte atomic.Bool
+	done      atomic.Bool
 }
 
 // FirstByte reports the first response byte: the endpoint finished this
@@ -61,28 +66,58 @@ func (g *Grant) Done() {
 }
 
 // Release applies a grant's event to the endpoint accounting (SPEC §5:
-// active prefill is the prompt tokens sent and not yet answered with a
-// first byte). Each event counts once; EventDone implies EventFirstByte.
-// The endpoint's lanes are rechecked at the next Drain.
+// active prefill is the prompt tokens sent and not yet known to have left
+// prefill). Each event counts once; EventDone implies EventFirstByte when
+// the first byte was reported, and otherwise hands the grant's charge to
+// the endpoint's engine ledger, which keeps it until the engine's own
+// counters say the prompt left prefill (see ledger.go). The endpoint's
+// lanes are rechecked at the next Drain.
 func (c *Core) Release(g *Grant, ev Event) {
-	c.prefillDone(g)
-	if ev != EventDone || g.finished {
+	if g.finished {
 		return
 	}
-	g.finished = true
 	e := g.ep
+	if ev == EventFirstByte || g.prefillReleased {
+		if !g.prefillReleased {
+			e.led.unobserved += g.raw // the engine counts this prompt too
+			c.prefillDone(g)
+			e.decoding++ // past prefill the request decodes
+		}
+		if ev != EventDone {
+			return
+		}
+		if e.decoding > 0 {
+			e.decoding--
+		}
+	} else {
+		// The stream ended with no first byte reported: a gateway that
+		// sends no response phases, or a request that ended early. Its
+		// prompt may still be in the engine.
+		c.await(e, g)
+	}
+	g.finished = true
 	if e.inFlight > 0 {
 		e.inFlight--
 	}
-	if e.decoding > 0 {
-		e.decoding--
+}
+
+// releaseUnsent undoes a grant its caller never received: the request
+// never reached the endpoint, so nothing waits for the engine.
+func (c *Core) releaseUnsent(g *Grant) {
+	if g.finished {
+		return
+	}
+	if !g.prefillReleased {
+		c.prefillDone(g)
+	}
+	g.finished = true
+	if e := g.ep; e.inFlight > 0 {
+		e.inFlight--
 	}
 }
 
+// prefillDone returns the grant's prefill charge.
 func (c *Core) prefillDone(g *Grant) {
-	if g.prefillReleased {
-		return
-	}
 	g.prefillReleased = true
 	e := g.ep
 	if e.activePrefill >= g.prefill {
@@ -90,55 +125,38 @@ func (c *Core) prefillDone(g *Grant) {
 	} else {
 		e.activePrefill = 0
 	}
-	e.decoding++ // past prefill the request decodes
 	if !e.removed {
 		c.q.EndpointChanged(e.id)
 	}
 }
 
-// grant picks the endpoint(s) for r, charges the pick and records the
-// decision (SPEC §5 pick and charge).
-func (c *Core) grant(now int64, r *Request, queued bool) {
+// grant picks the endpoint(s) for r from its judged candidate set s,
+// charges the pick and records the decision (SPEC §5 pick and charge).
+func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	t := r.Ticket
+	if len(s.eps) == 0 {
+		c.reject(r, c.noEndpoint(r, s), ReasonNoEndpoints)
+		return
+	}
 	c.cands = c.cands[:0]
-	reuse := c.overlapFor == r && c.overlapGen == c.indexGen
-	hashes := c.cacheableBlocks(t)
-	for i, n := 0, c.numCandidates(r); i < n; i++ {
-		e := c.candidateAt(r, i)
-		if !c.eligible(e, r) {
-			continue
-		}
-		var cached uint64
-		if len(hashes) > 0 {
-			blocks := 0
-			if reuse {
-				blocks = c.overlap[e.id]
-			} else {
-				blocks = c.index.Overlap(int(e.id), hashes, now)
-			}
-			cached = cachedTokens(blocks, t)
-		}
+	for _, x := range s.eps {
+		e := c.reg.eps[x.id]
 		c.cands = append(c.cands, Candidate{
 			ID:            e.id,
 			Addr:          e.addr,
 			ActivePrefill: e.activePrefill,
 			InFlight:      e.inFlight,
-			Busy:          c.busy(e, t.Class),
+			Busy:          x.busy,
 			Stale:         e.stale,
-			CachedTokens:  cached,
+			CachedTokens:  x.cached,
 			UnseenPrefill: e.unseenPrefill,
 			Decoding:      max(e.decoding, e.running),
 		})
 	}
-	c.overlapFor = nil
-	if len(c.cands) == 0 {
-		c.reject(r, c.noEndpoint(r), ReasonNoEndpoints)
-		return
-	}
 	c.order = c.opts.Chooser.Choose(t, c.cands, c.order[:0])
 	n := min(1+c.opts.MaxFallbacks, len(c.order))
 	e := c.reg.eps[c.cands[c.order[0]].ID]
-	g := &Grant{rel: c.opts.Releaser, ep: e, Engine: e.engine, prefill: t.Uncached()}
+	g := &Grant{rel: c.opts.Releaser, ep: e, Engine: e.engine, prefill: t.Uncached(), raw: t.RawISL, sentAt: now}
 	if n == 1 {
 		g.pick[0] = e.addr
 		g.Endpoints = g.pick[:1:1] // no fallbacks (the default): no second allocation
@@ -150,11 +168,10 @@ func (c *Core) grant(now int64, r *Request, queued bool) {
 	}
 	e.activePrefill = drr.SaturatingAdd(e.activePrefill, g.prefill)
 	e.inFlight++
-	e.peakInFlight = max(e.peakInFlight, e.inFlight)
+	e.peakOurs = max(e.peakOurs, e.ours())
 	c.q.EndpointChanged(e.id)
 	if c.index != nil && len(t.Blocks) > 0 && t.BlockSize > 0 {
 		c.index.Record(int(e.id), t.Blocks, t.BlockSize, now)
-		c.indexGen++
 	}
 	// The unseen-load estimate: a moving mean (1/16) of what we dispatch.
 	c.meanPrompt = c.meanPrompt - c.meanPrompt/16 + g.prefill/16

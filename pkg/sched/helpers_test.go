@@ -7,7 +7,6 @@ import (
 
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/policy"
-	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
 // ms is a fake-clock reading: n milliseconds after the clock's zero.
@@ -74,18 +73,4 @@ func leaveString(l Leave) string {
 		return fmt.Sprintf("%s granted %v (queued %t, waited %s)", l.Class, l.Grant.Endpoints, l.Queued, l.Wait)
 	}
 	return fmt.Sprintf("%s %s: %v", l.Class, l.Reason, l.Err)
-}
-
-// promptTicket is a ticket for a token-id prompt of n tokens whose first
-// shared tokens are common to every prompt of the same base.
-func promptTicket(n, shared int, base, seed uint32, bs int) *Ticket {
-	toks := make([]uint32, n)
-	for i := range toks {
-		if i < shared {
-			toks[i] = base*100003 + uint32(i)
-		} else {
-			toks[i] = seed*7919 + uint32(i)*31 + 1<<30
-		}
-	}
-	return &Ticket{RawISL: uint64(n), Blocks: tokenize.BlockHashes(toks, bs), BlockSize: bs}
 }

@@ -6,7 +6,9 @@ import (
 )
 
 // This file holds the endpoint intelligence besides the core's own
-// accounting: the prefix index's cost snapshot and scraped metrics.
+// accounting: the prefix index's side of the cost snapshot (which blocks
+// count, blocks to tokens; the walk that takes it is candidates) and
+// scraped metrics.
 
 // cacheableBlocks is the part of the ticket's block hashes an engine can
 // serve from cache: never the block holding the last prompt token, which
@@ -26,47 +28,22 @@ func cachedTokens(blocks int, t *Ticket) uint64 {
 	return min(uint64(blocks)*uint64(t.BlockSize), t.RawISL)
 }
 
-// snapshotCached sets the ticket's Cached to the best prefix overlap over
-// its eligible endpoints (the pinned one for a pinned request), SPEC §1,
-// and keeps the per-endpoint overlaps for a grant in the same call. It
-// reports whether Cached is non-zero (the class must be resolved again).
-func (c *Core) snapshotCached(now int64, r *Request) bool {
-	t := r.Ticket
-	hashes := c.cacheableBlocks(t)
-	if len(hashes) == 0 {
-		return false
-	}
-	if len(c.overlap) < len(c.reg.eps) {
-		c.overlap = make([]int, len(c.reg.eps))
-	}
-	best := 0
-	for i, n := 0, c.numCandidates(r); i < n; i++ {
-		e := c.candidateAt(r, i)
-		if !c.eligible(e, r) {
-			continue
-		}
-		blocks := c.index.Overlap(int(e.id), hashes, now)
-		c.overlap[e.id] = blocks
-		best = max(best, blocks)
-	}
-	c.overlapFor, c.overlapGen = r, c.indexGen
-	t.Cached = cachedTokens(best, t)
-	return t.Cached > 0
-}
-
-// SetMetrics applies one scrape of the endpoint at addr (fresh metrics,
-// or stale true: busy and ranked last until fresh ones come) and reports
-// whether the endpoint's busy inputs changed (its lanes are rechecked at
-// the next Drain). Unknown addresses are ignored.
+// SetMetrics applies one scrape of the endpoint at addr, delivered at now
+// (fresh metrics, or stale true: busy and ranked last until fresh ones
+// come) and reports whether the endpoint's busy inputs changed (its lanes
+// are rechecked at the next Drain). Unknown addresses are ignored.
 //
-// The busy test's view of load this picker cannot see: the engine's queue
-// holds at most peakInFlight of our requests (the most we had in flight
-// there since the previous delivery, so requests that finished between the
-// scrape and its delivery are not mistaken for strangers), and every
-// waiting request beyond that came from elsewhere. Each such request counts
-// as the moving mean of the prompts we dispatch in prefill tokens. Running
-// requests count only in the cost picker's decode load.
-func (c *Core) SetMetrics(addr string, m podmetrics.Metrics, stale bool) bool {
+// A fresh scrape first reconciles the endpoint's ledger with the engine's
+// counters (ledger.go). Then the busy test's view of load this picker
+// cannot see: the engine's queue holds at most peakOurs of our requests
+// (the most we had in the engine there since the previous delivery, so
+// requests that finished between the scrape and its delivery are not
+// mistaken for strangers), and every waiting request beyond that came
+// from elsewhere (another replica, a client that bypasses the picker) or
+// is one of ours whose prefill was predicted done too early. Each such
+// request counts as the moving mean of the prompts we dispatch in prefill
+// tokens. Running requests count only in the cost picker's decode load.
+func (c *Core) SetMetrics(now int64, addr string, m podmetrics.Metrics, stale bool) bool {
 	e, ok := c.reg.byAddr[addr]
 	if !ok {
 		return false
@@ -74,8 +51,11 @@ func (c *Core) SetMetrics(addr string, m podmetrics.Metrics, stale bool) bool {
 	changed := e.stale != stale
 	e.stale = stale
 	if !stale {
-		ours := max(e.peakInFlight, e.inFlight)
-		e.peakInFlight = e.inFlight
+		if c.reconcile(now, e, &m) {
+			changed = true
+		}
+		ours := max(e.peakOurs, e.ours())
+		e.peakOurs = e.ours()
 		unseen := 0
 		if m.Has(podmetrics.Waiting) {
 			unseen = max(0, m.Waiting-ours)

@@ -18,7 +18,7 @@ type Policy struct {
 	// Resolve maps a ticket to an index of Classes. It runs on the core's
 	// goroutine, also for queued tickets when the policy changes, so it must
 	// be fast and must not block. An index out of range means class 0. It
-	// runs after Grant, so it may read t.Grant.
+	// runs after Rights, so it may read t.Rights.
 	Resolve func(t *Ticket) int
 	// Rights, when set, resolves a ticket's tenant (SPEC §14): its queue
 	// identity, weight and limits, its allowed classes and hint caps. Nil:
@@ -273,6 +273,13 @@ type EndpointSnapshot struct {
 	MaxBatchedTokens uint64
 	// Busy: stale, or busy for every class that queues.
 	Busy bool
+	// AwaitingEngine is the grants whose stream ended before a first byte
+	// was reported and whose prefill the engine has not confirmed yet:
+	// still charged to ActivePrefill (SPEC §5).
+	AwaitingEngine int
+	// PrefillRate is the engine's prefill rate the picker learned from its
+	// prompt-token counter, in prompt tokens per second (0: not learned).
+	PrefillRate float64
 }
 
 // Snapshot is the core's state at one instant.

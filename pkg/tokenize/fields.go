@@ -3,6 +3,7 @@ package tokenize
 import (
 	"errors"
 	"fmt"
+	"math"
 	"unicode/utf8"
 )
 
@@ -167,13 +168,13 @@ func (e *extractor) agentHint(key []byte) error {
 	h := &e.hints
 	switch string(key) {
 	case "priority":
-		return e.hintInt("nvext.agent_hints.priority", hintPriority, &h.priority)
+		return readHint(e, "nvext.agent_hints.priority", hintPriority, &h.priority)
 	case "latency_sensitivity":
-		return e.hintInt("nvext.agent_hints.latency_sensitivity", hintLatency, &h.latency)
+		return readHint(e, "nvext.agent_hints.latency_sensitivity", hintLatency, &h.latency)
 	case "strict_priority":
-		return e.hintUint("nvext.agent_hints.strict_priority", hintStrict, &h.strict)
+		return readHint(e, "nvext.agent_hints.strict_priority", hintStrict, &h.strict)
 	case "osl":
-		return e.hintUint("nvext.agent_hints.osl", hintOSL, &h.osl)
+		return readHint(e, "nvext.agent_hints.osl", hintOSL, &h.osl)
 	case "speculative_prefill":
 		switch e.peek() {
 		case 'n':
@@ -193,23 +194,17 @@ func (e *extractor) agentHint(key []byte) error {
 	return e.skipValue()
 }
 
-// hintInt reads an int32 hint or null.
-func (e *extractor) hintInt(field string, bit uint8, dst *int32) error {
-	v, ok, err := e.integer(field, "int32", -1<<31, 1<<31-1)
-	if ok {
-		*dst = int32(v)
-		e.hints.set |= bit
-	} else {
-		e.hints.set &^= bit
+// readHint reads an integer hint of type T (int32 or uint32) or null into
+// the extractor's hints: a value sets bit and *dst, null clears bit. The
+// range and the type named in a wrong-type error follow T.
+func readHint[T int32 | uint32](e *extractor, field string, bit uint8, dst *T) error {
+	want, lo, hi := "int32", int64(math.MinInt32), int64(math.MaxInt32)
+	if ^T(0) > 0 { // unsigned
+		want, lo, hi = "uint32", 0, math.MaxUint32
 	}
-	return err
-}
-
-// hintUint reads a uint32 hint or null.
-func (e *extractor) hintUint(field string, bit uint8, dst *uint32) error {
-	v, ok, err := e.integer(field, "uint32", 0, 1<<32-1)
+	v, ok, err := e.integer(field, want, lo, hi)
 	if ok {
-		*dst = uint32(v)
+		*dst = T(v)
 		e.hints.set |= bit
 	} else {
 		e.hints.set &^= bit

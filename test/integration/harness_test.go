@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
+	"github.com/laneway-dev/laneway/internal/testbed/fixture"
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
 )
 
@@ -37,9 +38,7 @@ func startEPP(t *testing.T, o launch.EPPOptions) *launch.EPP {
 // startEPPOf is startEPP with another build of the picker.
 func startEPPOf(t *testing.T, b launch.Binaries, o launch.EPPOptions) *launch.EPP {
 	t.Helper()
-	o.Args = append([]string{"--drain-timeout=" + drainTimeout.String(), "--scrape-metrics=false"}, o.Args...)
-	o.Proc.StopGrace = drainTimeout + 5*time.Second
-	return b.RunEPP(t, o)
+	return fixture.EPPFrom(o).DrainTimeout(drainTimeout).NoScrape().StopGrace(drainTimeout+5*time.Second).Run(t, b)
 }
 
 // writePolicy writes a policy file into the test's temp dir.

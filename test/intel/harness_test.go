@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/laneway-dev/laneway/internal/testbed/fixture"
 	"github.com/laneway-dev/laneway/internal/testbed/gateway"
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/internal/testbed/modelsim"
@@ -46,7 +47,7 @@ func records(t *testing.T, s *launch.Sim) []modelsim.Record {
 // startEPP runs the picker for the test, plaintext, with a short drain.
 func startEPP(t *testing.T, endpoints []string, args ...string) *launch.EPP {
 	t.Helper()
-	return bins.RunEPP(t, launch.EPPOptions{Endpoints: endpoints, Args: append([]string{"--drain-timeout=5s"}, args...)})
+	return fixture.EPP(endpoints...).DrainTimeout(5*time.Second).Args(args...).Run(t, bins)
 }
 
 // startGateway runs the local gateway in front of the picker and returns

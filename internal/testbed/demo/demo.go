@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/report"
 	"github.com/laneway-dev/laneway/internal/testbed/simulate"
 	"github.com/laneway-dev/laneway/internal/testbed/workload"
 )
@@ -25,7 +26,12 @@ type Config struct {
 	OutDir string
 	// PerClass is the requests per class (320 in SPEC §11).
 	PerClass int
-	// Out receives the table; Progress receives the progress bar.
+	// HeaderOnly runs the gateway with --response-phases=false: the
+	// picker sees each request but never its response, as behind
+	// gateways that send no response phase.
+	HeaderOnly bool
+	// Out receives the table; Progress receives the progress of each run
+	// (report.Progress: a bar on a terminal, a line at every 10% elsewhere).
 	Out, Progress io.Writer
 }
 
@@ -52,6 +58,9 @@ type Outcome struct {
 	// demo's modelsim.
 	Prediction simulate.Prediction
 	Misses     []string
+	// EngineWaitingMax is the largest vllm:num_requests_waiting the
+	// model server reported during the run (sampled).
+	EngineWaitingMax float64
 }
 
 // MaxPredictionMiss bounds how far the measured premium count in the first
@@ -138,7 +147,7 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 		return o, err
 	}
 	procs = append(procs, epp.Proc)
-	gw, err := bins.StartGateway(ctx, launch.GatewayOptions{EPP: epp, Proc: proc(launch.CmdGateway)})
+	gw, err := bins.StartGateway(ctx, launch.GatewayOptions{EPP: epp, HeaderOnly: cfg.HeaderOnly, Proc: proc(launch.CmdGateway)})
 	if err != nil {
 		return o, err
 	}
@@ -146,7 +155,8 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 
 	fmt.Fprintf(cfg.Out, "\n== quanta %s (premium:regular): %d + %d requests of 512 tokens, one model server with 4 slots\n",
 		sc.Name, cfg.PerClass, cfg.PerClass)
-	bar := newProgress(cfg.Progress, sc.Name)
+	bar := report.NewProgress(cfg.Progress, sc.Name)
+	waiting := sim.Metrics.WatchMax(20*time.Millisecond, "vllm:num_requests_waiting")
 	res, err := workload.Run(ctx, workload.Spec{
 		URL:          gw.URL + "/v1/completions",
 		Model:        "sim-model",
@@ -154,12 +164,14 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 		PerClass:     cfg.PerClass,
 		PromptTokens: 512,
 		Seed:         n,
-		Progress:     bar.update,
+		Progress:     bar.Update,
 	})
-	bar.finish()
+	bar.Finish()
+	o.EngineWaitingMax, _, _ = waiting.Stop()
 	if err != nil {
 		return o, err
 	}
+	fmt.Fprintf(cfg.Out, "   model server waiting queue: at most %v requests (vllm:num_requests_waiting, sampled every 20ms)\n", o.EngineWaitingMax)
 	o.Result = res
 	o.Shares = workload.Analyze(res)
 	// The picker's own count, next to what the clients saw: every request
@@ -205,54 +217,6 @@ func printTable(w io.Writer, outs []Outcome) {
 			s.OK, s.OK+s.Failed, o.Result.Elapsed.Seconds())
 	}
 	fmt.Fprintln(w, "reference router (4 runs): 512:512 -> 159-161 : 159-161, 0-3 left; 512:128 -> 254-257 : 63-66, 237-240 left")
-}
-
-// progress draws a one-line bar, redrawn in place on a terminal; into a
-// file or pipe (CI logs) it writes a line every 10%.
-type progress struct {
-	w        io.Writer
-	label    string
-	last     int
-	terminal bool
-}
-
-func newProgress(w io.Writer, label string) *progress {
-	p := &progress{w: w, label: label, last: -1}
-	if f, ok := w.(*os.File); ok {
-		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			p.terminal = true
-		}
-	}
-	return p
-}
-
-func (p *progress) update(done, total int) {
-	if p.w == nil {
-		return
-	}
-	pct := done * 100 / total
-	step := pct
-	if !p.terminal {
-		step = pct / 10 * 10
-	}
-	if step == p.last {
-		return
-	}
-	p.last = step
-	const width = 40
-	fill := done * width / total
-	bar := fmt.Sprintf("  %s [%s%s] %3d%% %d/%d", p.label, strings.Repeat("#", fill), strings.Repeat(".", width-fill), pct, done, total)
-	if p.terminal {
-		fmt.Fprint(p.w, "\r"+bar)
-	} else {
-		fmt.Fprintln(p.w, bar)
-	}
-}
-
-func (p *progress) finish() {
-	if p.w != nil && p.terminal {
-		fmt.Fprintln(p.w)
-	}
 }
 
 // predictionMiss says how the measured premium count in the first perClass

@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -48,22 +49,47 @@ func NewFleet(n int, cfg engine.Config) (*Fleet, error) {
 	return f, nil
 }
 
-// fleetFile is a fleet file: groups of servers, each overriding some of
-// the engine flags (the flag names with "_" for "-").
+// fleetFile is a fleet file: groups of servers, each a FleetGroup whose
+// unset fields take the engine flags' values.
 type fleetFile struct {
-	Servers []fleetGroup `json:"servers"`
+	Servers []json.RawMessage `json:"servers"`
 }
 
-type fleetGroup struct {
-	Count               *int     `json:"count"`
-	MaxNumSeqs          *int     `json:"max_num_seqs"`
-	MaxNumBatchedTokens *int     `json:"max_num_batched_tokens"`
-	PrefillTokensPerSec *float64 `json:"prefill_tokens_per_sec"`
-	TimePerOutputToken  *string  `json:"time_per_output_token"`
-	SchedulingPolicy    *string  `json:"scheduling_policy"`
-	BlockSize           *int     `json:"block_size"`
-	NumGPUBlocks        *int     `json:"num_gpu_blocks"`
-	EnablePrefixCaching *bool    `json:"enable_prefix_caching"`
+// FleetGroup is a run of identical servers: how many, and their engine
+// settings under the engine flags' names ("_" for "-"). It is a group of
+// a fleet file and of summary.json's fleet alike.
+type FleetGroup struct {
+	Count               int     `json:"count"`
+	MaxNumSeqs          int     `json:"max_num_seqs"`
+	MaxNumBatchedTokens int     `json:"max_num_batched_tokens"`
+	PrefillTokensPerSec float64 `json:"prefill_tokens_per_sec"`
+	TimePerOutputToken  string  `json:"time_per_output_token"`
+	SchedulingPolicy    string  `json:"scheduling_policy"`
+	BlockSize           int     `json:"block_size"`
+	NumGPUBlocks        int     `json:"num_gpu_blocks"`
+	EnablePrefixCaching bool    `json:"enable_prefix_caching"`
+}
+
+// groupOf is one server with engine e.
+func groupOf(e engine.Config) FleetGroup {
+	return FleetGroup{Count: 1, MaxNumSeqs: e.MaxNumSeqs, MaxNumBatchedTokens: e.MaxNumBatchedTokens,
+		PrefillTokensPerSec: e.PrefillTokensPerSec, TimePerOutputToken: e.TimePerOutputToken.String(),
+		SchedulingPolicy: e.SchedulingPolicy, BlockSize: e.BlockSize, NumGPUBlocks: e.NumGPUBlocks,
+		EnablePrefixCaching: e.EnablePrefixCaching}
+}
+
+// engine returns the group's engine: base with the group's settings.
+func (g *FleetGroup) engine(base engine.Config) (engine.Config, error) {
+	cfg := base
+	cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens = g.MaxNumSeqs, g.MaxNumBatchedTokens
+	cfg.PrefillTokensPerSec, cfg.SchedulingPolicy = g.PrefillTokensPerSec, g.SchedulingPolicy
+	cfg.BlockSize, cfg.NumGPUBlocks, cfg.EnablePrefixCaching = g.BlockSize, g.NumGPUBlocks, g.EnablePrefixCaching
+	d, err := time.ParseDuration(g.TimePerOutputToken)
+	if err != nil {
+		return cfg, fmt.Errorf("time_per_output_token: %w", err)
+	}
+	cfg.TimePerOutputToken = d
+	return cfg, cfg.Validate()
 }
 
 // LoadFleet reads a fleet file (YAML or JSON):
@@ -89,44 +115,21 @@ func LoadFleet(path string, base engine.Config) (*Fleet, error) {
 		return nil, fmt.Errorf("fleet file %s: no servers", path)
 	}
 	f := &Fleet{}
-	for gi, g := range ff.Servers {
-		cfg := base
-		set := func(dst *int, v *int) {
-			if v != nil {
-				*dst = *v
-			}
-		}
-		set(&cfg.MaxNumSeqs, g.MaxNumSeqs)
-		set(&cfg.MaxNumBatchedTokens, g.MaxNumBatchedTokens)
-		set(&cfg.BlockSize, g.BlockSize)
-		set(&cfg.NumGPUBlocks, g.NumGPUBlocks)
-		if g.PrefillTokensPerSec != nil {
-			cfg.PrefillTokensPerSec = *g.PrefillTokensPerSec
-		}
-		if g.TimePerOutputToken != nil {
-			d, err := time.ParseDuration(*g.TimePerOutputToken)
-			if err != nil {
-				return nil, fmt.Errorf("fleet file %s: group %d: time_per_output_token: %w", path, gi+1, err)
-			}
-			cfg.TimePerOutputToken = d
-		}
-		if g.SchedulingPolicy != nil {
-			cfg.SchedulingPolicy = *g.SchedulingPolicy
-		}
-		if g.EnablePrefixCaching != nil {
-			cfg.EnablePrefixCaching = *g.EnablePrefixCaching
-		}
-		if err := cfg.Validate(); err != nil {
+	for gi, raw := range ff.Servers {
+		// The group's keys land on the flags' values: what it leaves out
+		// (or sets to null) keeps them.
+		g := groupOf(base)
+		if err := yaml.UnmarshalStrict(raw, &g); err != nil {
 			return nil, fmt.Errorf("fleet file %s: group %d: %w", path, gi+1, err)
 		}
-		n := 1
-		if g.Count != nil {
-			n = *g.Count
+		cfg, err := g.engine(base)
+		if err != nil {
+			return nil, fmt.Errorf("fleet file %s: group %d: %w", path, gi+1, err)
 		}
-		if n < 1 {
-			return nil, fmt.Errorf("fleet file %s: group %d: count %d: want >= 1", path, gi+1, n)
+		if g.Count < 1 {
+			return nil, fmt.Errorf("fleet file %s: group %d: count %d: want >= 1", path, gi+1, g.Count)
 		}
-		for range n {
+		for range g.Count {
 			if len(f.Servers) == maxServers {
 				return nil, errors.New("fleet file " + path + ": more than " + strconv.Itoa(maxServers) + " servers")
 			}

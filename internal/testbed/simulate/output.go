@@ -14,9 +14,10 @@ import (
 
 // WriteRequests writes requests.jsonl: one line per request in trace
 // order, {"id", "class", "tenant", "arrival_ms", "dispatch_ms",
-// "first_token_ms", "end_ms", "status", "server"}, times in virtual
-// milliseconds (null when never reached), server the index of the server
-// that served it (null for none).
+// "first_token_ms", "end_ms", "status", "server", "cached_tokens"}, times
+// in virtual milliseconds (null when never reached), server the index of
+// the server that served it and cached_tokens its engine's prefix-cache
+// hit (null for none).
 func WriteRequests(w io.Writer, t *Trace, res *Result) error {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	quoted := map[string][]byte{}
@@ -64,6 +65,12 @@ func WriteRequests(w io.Writer, t *Trace, res *Result) error {
 		} else {
 			b = append(b, "null"...)
 		}
+		b = append(b, `,"cached_tokens":`...)
+		if o.Server >= 0 && o.Status == 200 {
+			b = strconv.AppendUint(b, uint64(o.EngineCached), 10)
+		} else {
+			b = append(b, "null"...)
+		}
 		b = append(b, "}\n"...)
 		if _, err := bw.Write(b); err != nil {
 			return err
@@ -95,27 +102,10 @@ type FleetInfo struct {
 	Groups  []FleetGroup `json:"groups"`
 }
 
-// FleetGroup is a run of identical servers.
-type FleetGroup struct {
-	Count               int     `json:"count"`
-	MaxNumSeqs          int     `json:"max_num_seqs"`
-	MaxNumBatchedTokens int     `json:"max_num_batched_tokens"`
-	PrefillTokensPerSec float64 `json:"prefill_tokens_per_sec"`
-	TimePerOutputToken  string  `json:"time_per_output_token"`
-	SchedulingPolicy    string  `json:"scheduling_policy"`
-	BlockSize           int     `json:"block_size"`
-	NumGPUBlocks        int     `json:"num_gpu_blocks"`
-	EnablePrefixCaching bool    `json:"enable_prefix_caching"`
-}
-
 func fleetInfo(f *Fleet) FleetInfo {
 	fi := FleetInfo{Servers: len(f.Servers)}
 	for _, s := range f.Servers {
-		e := s.Engine
-		g := FleetGroup{Count: 1, MaxNumSeqs: e.MaxNumSeqs, MaxNumBatchedTokens: e.MaxNumBatchedTokens,
-			PrefillTokensPerSec: e.PrefillTokensPerSec, TimePerOutputToken: e.TimePerOutputToken.String(),
-			SchedulingPolicy: e.SchedulingPolicy, BlockSize: e.BlockSize, NumGPUBlocks: e.NumGPUBlocks,
-			EnablePrefixCaching: e.EnablePrefixCaching}
+		g := groupOf(s.Engine)
 		if n := len(fi.Groups); n > 0 {
 			last := fi.Groups[n-1]
 			last.Count = 1

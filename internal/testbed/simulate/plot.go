@@ -5,16 +5,13 @@ import (
 	"fmt"
 	"image/color"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
-	"gonum.org/v1/plot/vg/vgsvg"
+
+	"github.com/laneway-dev/laneway/internal/testbed/report"
 )
 
 // Plot names: DIR/<name>.png and DIR/<name>.svg.
@@ -23,22 +20,6 @@ const (
 	PlotTTFT        = "ttft-cdf"
 	PlotQueue       = "queue-depth"
 )
-
-// maxPoints bounds the points of one line: a million-request run plots as
-// fast as a small one, and looks the same at this resolution.
-const maxPoints = 1500
-
-// palette colours classes in the order they appear.
-var palette = []color.Color{
-	color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
-	color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
-	color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
-	color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
-	color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
-	color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
-	color.RGBA{R: 0xe3, G: 0x77, B: 0xc2, A: 0xff},
-	color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
-}
 
 // classOrder lists the class names with requests over all runs, in first
 // seen order, so a class has the same colour in every panel.
@@ -59,7 +40,7 @@ func classOrder(results []*Result) []string {
 }
 
 func colourOf(names []string, class string) color.Color {
-	return palette[slices.Index(names, class)%len(palette)]
+	return report.Colour(slices.Index(names, class))
 }
 
 // WritePlots draws the three figures, one panel per run side by side with
@@ -87,8 +68,8 @@ func WritePlots(dir string, t *Trace, results []*Result) ([]string, error) {
 			}
 			plots = append(plots, p)
 		}
-		shareAxes(plots, fig.name != PlotTTFT)
-		fs, err := render(filepath.Join(dir, fig.name), plots)
+		report.ShareAxes(plots, fig.name != PlotTTFT)
+		fs, err := report.Render(filepath.Join(dir, fig.name), plots)
 		files = append(files, fs...)
 		if err != nil {
 			return files, err
@@ -97,41 +78,10 @@ func WritePlots(dir string, t *Trace, results []*Result) ([]string, error) {
 	return files, nil
 }
 
-func newPanel(title, x, y string) *plot.Plot {
-	p := plot.New()
-	p.Title.Text = title
-	p.X.Label.Text = x
-	p.Y.Label.Text = y
-	p.Add(plotter.NewGrid())
-	p.Legend.Top = true
-	p.Legend.Left = true
-	return p
-}
-
-func addLine(p *plot.Plot, pts plotter.XYs, c color.Color, label string, dashed bool) error {
-	if len(pts) == 0 {
-		return nil
-	}
-	l, err := plotter.NewLine(pts)
-	if err != nil {
-		return err
-	}
-	l.Color = c
-	l.Width = vg.Points(1.8)
-	if dashed {
-		l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-	}
-	p.Add(l)
-	if label != "" {
-		p.Legend.Add(label, l)
-	}
-	return nil
-}
-
 // completionsPanel: cumulative completions per class against seconds
 // since the first arrival.
 func completionsPanel(t0 int64, names []string, res *Result) (*plot.Plot, error) {
-	p := newPanel(res.Policy.Name, "seconds since the first arrival", "cumulative completions")
+	p := report.NewPanel(res.Policy.Name, "seconds since the first arrival", "cumulative completions")
 	ends := make([][]int64, len(res.Classes))
 	for i := range res.Outcomes {
 		if o := &res.Outcomes[i]; o.Status == 200 {
@@ -145,15 +95,8 @@ func completionsPanel(t0 int64, names []string, res *Result) (*plot.Plot, error)
 		}
 		e := ends[c]
 		slices.Sort(e)
-		pts := plotter.XYs{{}}
-		step := max(1, len(e)/maxPoints)
-		for i := step - 1; i < len(e); i += step {
-			pts = append(pts, plotter.XY{X: float64(e[i]) / 1e9, Y: float64(i + 1)})
-		}
-		if last := len(e) - 1; (last+1)%step != 0 {
-			pts = append(pts, plotter.XY{X: float64(e[last]) / 1e9, Y: float64(last + 1)})
-		}
-		if err := addLine(p, pts, colourOf(names, name), name, false); err != nil {
+		pts := report.Cumulative(len(e), func(i int) float64 { return float64(e[i]) / 1e9 })
+		if err := report.AddLine(p, pts, colourOf(names, name), name, false); err != nil {
 			return nil, err
 		}
 	}
@@ -163,7 +106,7 @@ func completionsPanel(t0 int64, names []string, res *Result) (*plot.Plot, error)
 // ttftPanel: the fraction of completed requests of each class with a TTFT
 // at most x, x on a log scale when the TTFTs span more than two decades.
 func ttftPanel(t *Trace, names []string, res *Result) (*plot.Plot, error) {
-	p := newPanel(res.Policy.Name, "time to first token (ms)", "fraction of requests")
+	p := report.NewPanel(res.Policy.Name, "time to first token (ms)", "fraction of requests")
 	ttft := make([][]float64, len(res.Classes))
 	lo, hi := math.Inf(1), 0.0
 	for i := range res.Outcomes {
@@ -187,12 +130,12 @@ func ttftPanel(t *Trace, names []string, res *Result) (*plot.Plot, error) {
 		v := ttft[c]
 		slices.Sort(v)
 		var pts plotter.XYs
-		step := max(1, len(v)/maxPoints)
+		step := max(1, len(v)/report.MaxPoints)
 		for i := 0; i < len(v); i += step {
 			pts = append(pts, plotter.XY{X: v[i], Y: float64(i+1) / float64(len(v))})
 		}
 		pts = append(pts, plotter.XY{X: v[len(v)-1], Y: 1})
-		if err := addLine(p, pts, colourOf(names, name), name, false); err != nil {
+		if err := report.AddLine(p, pts, colourOf(names, name), name, false); err != nil {
 			return nil, err
 		}
 	}
@@ -202,16 +145,16 @@ func ttftPanel(t *Trace, names []string, res *Result) (*plot.Plot, error) {
 
 // queuePanel: per class, the requests in the picker's queue (arrival to
 // dispatch) and those dispatched but waiting in their engine (dispatch to
-// admission), as the largest depth within each of maxPoints time slices.
+// admission), as the largest depth within each of report.MaxPoints time slices.
 func queuePanel(t *Trace, t0 int64, names []string, res *Result) (*plot.Plot, error) {
-	p := newPanel(res.Policy.Name, "seconds since the first arrival", "requests waiting")
+	p := report.NewPanel(res.Policy.Name, "seconds since the first arrival", "requests waiting")
 	p.Legend.Left = false // the depths start high on the left
 	end := t0
 	for i := range res.Outcomes {
 		end = max(end, res.Outcomes[i].End, res.Outcomes[i].Leave)
 	}
 	span := max(end-t0, 1)
-	slice := func(at int64) int { return min(int((at-t0)*maxPoints/span), maxPoints-1) }
+	slice := func(at int64) int { return min(int((at-t0)*report.MaxPoints/span), report.MaxPoints-1) }
 	for _, name := range names {
 		c := slices.Index(res.Classes, name)
 		if c < 0 {
@@ -249,7 +192,7 @@ func queuePanel(t *Trace, t0 int64, names []string, res *Result) (*plot.Plot, er
 				}
 				return a.delta - b.delta
 			})
-			peak := make([]int, maxPoints)
+			peak := make([]int, report.MaxPoints)
 			depth := 0
 			for _, s := range steps {
 				depth += s.delta
@@ -258,76 +201,26 @@ func queuePanel(t *Trace, t0 int64, names []string, res *Result) (*plot.Plot, er
 				}
 			}
 			// A slice with no step keeps the depth of the one before.
-			pts := make(plotter.XYs, maxPoints)
+			pts := make(plotter.XYs, report.MaxPoints)
 			depth = 0
 			si := 0
-			for k := range maxPoints {
+			for k := range report.MaxPoints {
 				v := peak[k]
 				for si < len(steps) && slice(steps[si].at) <= k {
 					depth += steps[si].delta
 					si++
 				}
-				pts[k] = plotter.XY{X: float64(int64(k)*span/maxPoints) / 1e9, Y: float64(max(v, depth))}
+				pts[k] = plotter.XY{X: float64(int64(k)*span/report.MaxPoints) / 1e9, Y: float64(max(v, depth))}
 			}
 			label := name + " (picker)"
 			if engineSide {
 				label = name + " (engines)"
 			}
-			if err := addLine(p, pts, colourOf(names, name), label, engineSide); err != nil {
+			if err := report.AddLine(p, pts, colourOf(names, name), label, engineSide); err != nil {
 				return nil, err
 			}
 		}
 	}
 	p.Y.Min = 0
 	return p, nil
-}
-
-// shareAxes gives every panel the same ranges, so heights and times
-// compare across panels; headroom leaves the top fifth for the legend.
-func shareAxes(ps []*plot.Plot, headroom bool) {
-	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
-	for _, p := range ps {
-		xmin, xmax = min(xmin, p.X.Min), max(xmax, p.X.Max)
-		ymin, ymax = min(ymin, p.Y.Min), max(ymax, p.Y.Max)
-	}
-	if headroom {
-		ymax += (ymax - ymin) / 4
-	}
-	for _, p := range ps {
-		p.X.Min, p.X.Max, p.Y.Min, p.Y.Max = xmin, xmax, ymin, ymax
-	}
-}
-
-// render writes base.png and base.svg with the panels in one row.
-func render(base string, plots []*plot.Plot) ([]string, error) {
-	w, h := vg.Length(len(plots))*5*vg.Inch, 4*vg.Inch
-	var files []string
-	for _, out := range []struct {
-		path string
-		c    vg.CanvasWriterTo
-	}{
-		{base + ".png", vgimg.PngCanvas{Canvas: vgimg.New(w, h)}},
-		{base + ".svg", vgsvg.New(w, h)},
-	} {
-		dc := draw.New(out.c)
-		tiles := draw.Tiles{Rows: 1, Cols: len(plots), PadX: vg.Millimeter * 4, PadTop: vg.Millimeter * 2,
-			PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
-		canvases := plot.Align([][]*plot.Plot{plots}, tiles, dc)
-		for j, p := range plots {
-			p.Draw(canvases[0][j])
-		}
-		f, err := os.Create(out.path)
-		if err != nil {
-			return files, fmt.Errorf("plot: %w", err)
-		}
-		_, werr := out.c.WriteTo(f)
-		if cerr := f.Close(); werr == nil {
-			werr = cerr
-		}
-		if werr != nil {
-			return files, fmt.Errorf("plot %s: %w", out.path, werr)
-		}
-		files = append(files, out.path)
-	}
-	return files, nil
 }

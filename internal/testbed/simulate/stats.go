@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/laneway-dev/laneway/internal/status"
 )
@@ -111,13 +112,56 @@ type PolicySummary struct {
 
 // Summarize computes a run's figures.
 func Summarize(t *Trace, res *Result) PolicySummary {
-	out := res.Outcomes
 	ps := PolicySummary{Policy: res.Policy.Name, Picker: res.Policy.Picker, Baseline: res.Policy.Baseline}
-	t0 := t.Requests[t.byArrival[0]].Arrival
+	tl := runTimeline(t, res.Outcomes)
+	ps.FirstN, ps.MakespanS, ps.WindowS = tl.firstN, tl.makespan, float64(tl.window-tl.t0)/1e9
+	classes := newClassAccs(res.Classes)
+	tenants := tenantAccs{}
+	var prompt, cached int64
+	for i := range res.Outcomes {
+		o, q := &res.Outcomes[i], &t.Requests[i]
+		r := requestFigures{
+			uncached: int64(q.PromptTokens) - int64(min(int(o.Cached), q.PromptTokens)),
+			inWindow: o.Server >= 0 && o.Leave <= tl.window,
+			inFirstN: tl.inFirstN[i],
+		}
+		classes[o.Class].add(o, q, r)
+		classes[len(classes)-1].add(o, q, r)
+		tenants.add(o, q, r)
+		if o.Status == 200 {
+			prompt += int64(q.PromptTokens)
+			cached += int64(o.EngineCached)
+		}
+	}
+	ps.Classes, ps.Total = finishClasses(classes, tl.makespan)
+	if prompt > 0 {
+		ps.PrefixHitRate = float64(cached) / float64(prompt)
+	}
+	ps.Tenants = tenants.summaries()
+	ps.Sim = simFigures(res)
+	return ps
+}
+
+// timeline is when a run's contended part happened.
+type timeline struct {
+	t0 int64 // the first arrival
+	// makespan is first arrival to last token, in seconds.
+	makespan float64
+	// window ends the contended window: the last arrival, or for a trace
+	// released at one instant the firstN-th completion.
+	window int64
+	// firstN is half of the completions; inFirstN marks them by request.
+	firstN   int
+	inFirstN []bool
+}
+
+// runTimeline orders the completions and finds the makespan, the
+// contended window and the first half of the completions.
+func runTimeline(t *Trace, out []Outcome) timeline {
+	tl := timeline{t0: t.Requests[t.byArrival[0]].Arrival}
 	lastArrival := t.Requests[t.byArrival[len(t.byArrival)-1]].Arrival
-	// Completion order.
-	var done []int32
-	lastEnd := t0
+	var done []int32 // completed requests, in completion order
+	lastEnd := tl.t0
 	for i := range out {
 		if out[i].Status == 200 {
 			done = append(done, int32(i))
@@ -125,97 +169,83 @@ func Summarize(t *Trace, res *Result) PolicySummary {
 		}
 	}
 	sort.SliceStable(done, func(a, b int) bool { return out[done[a]].End < out[done[b]].End })
-	ps.FirstN = len(done) / 2
-	makespan := float64(lastEnd-t0) / 1e9
-	ps.MakespanS = makespan
-	window := lastArrival
-	if window == t0 && ps.FirstN > 0 {
-		window = out[done[ps.FirstN-1]].End
+	tl.firstN = len(done) / 2
+	tl.makespan = float64(lastEnd-tl.t0) / 1e9
+	tl.window = lastArrival
+	if tl.window == tl.t0 && tl.firstN > 0 {
+		tl.window = out[done[tl.firstN-1]].End
 	}
-	ps.WindowS = float64(window-t0) / 1e9
-	inFirstN := make([]bool, len(out))
-	for _, i := range done[:ps.FirstN] {
-		inFirstN[i] = true
+	tl.inFirstN = make([]bool, len(out))
+	for _, i := range done[:tl.firstN] {
+		tl.inFirstN[i] = true
 	}
+	return tl
+}
 
-	type acc struct {
-		ClassSummary
-		ttft, wait, lat []int64
-		tenants         map[string]int64
-	}
-	classes := make([]*acc, len(res.Classes)+1) // the last is the total
+// requestFigures are what one request adds besides its outcome.
+type requestFigures struct {
+	uncached           int64 // its uncached prompt tokens (SPEC §1)
+	inWindow, inFirstN bool
+}
+
+// classAcc accumulates one class's (or the total's) figures.
+type classAcc struct {
+	ClassSummary
+	ttft, wait, lat []int64
+	tenants         map[string]int64 // window uncached tokens per tenant
+}
+
+// newClassAccs returns an accumulator per class, and the total's last.
+func newClassAccs(names []string) []*classAcc {
+	classes := make([]*classAcc, len(names)+1)
 	for i := range classes {
 		name := "total"
-		if i < len(res.Classes) {
-			name = res.Classes[i]
+		if i < len(names) {
+			name = names[i]
 		}
-		classes[i] = &acc{ClassSummary: ClassSummary{Class: name}, tenants: map[string]int64{}}
+		classes[i] = &classAcc{ClassSummary: ClassSummary{Class: name}, tenants: map[string]int64{}}
 	}
-	tenants := map[string]*TenantSummary{}
-	tenantTTFT := map[string][]int64{}
-	var prompt, cached int64
-	for i := range out {
-		o := &out[i]
-		q := &t.Requests[i]
-		uncached := int64(q.PromptTokens) - int64(min(int(o.Cached), q.PromptTokens))
-		inWindow := o.Server >= 0 && o.Leave <= window
-		var ts *TenantSummary
+	return classes
+}
+
+// add counts one request.
+func (a *classAcc) add(o *Outcome, q *Request, r requestFigures) {
+	a.Requests++
+	if q.Tenant != "" {
+		if _, ok := a.tenants[q.Tenant]; !ok {
+			a.tenants[q.Tenant] = 0
+		}
+	}
+	if o.Queued {
+		a.Queued++
+	}
+	if r.inWindow {
+		a.WindowUncached += r.uncached
 		if q.Tenant != "" {
-			if ts = tenants[q.Tenant]; ts == nil {
-				ts = &TenantSummary{Tenant: q.Tenant}
-				tenants[q.Tenant] = ts
-			}
-			ts.Requests++
-		}
-		for _, a := range []*acc{classes[o.Class], classes[len(classes)-1]} {
-			a.Requests++
-			if q.Tenant != "" {
-				if _, ok := a.tenants[q.Tenant]; !ok {
-					a.tenants[q.Tenant] = 0
-				}
-			}
-			if o.Queued {
-				a.Queued++
-			}
-			if inWindow {
-				a.WindowUncached += uncached
-				if q.Tenant != "" {
-					a.tenants[q.Tenant] += uncached
-				}
-			}
-			switch o.Status {
-			case 200:
-				a.Completed++
-				a.ttft = append(a.ttft, o.First-q.Arrival)
-				a.wait = append(a.wait, o.Leave-q.Arrival)
-				a.lat = append(a.lat, o.End-q.Arrival)
-				a.OutputTokens += int64(q.OutputTokens)
-				if inFirstN[i] {
-					a.FirstN++
-				}
-			case 429:
-				a.Rejected429++
-			case 503:
-				a.Unavailable503++
-			}
-		}
-		if o.Status == 200 {
-			prompt += int64(q.PromptTokens)
-			cached += int64(o.EngineCached)
-		}
-		if ts != nil {
-			switch o.Status {
-			case 200:
-				ts.Completed++
-				tenantTTFT[q.Tenant] = append(tenantTTFT[q.Tenant], o.First-q.Arrival)
-			case 429:
-				ts.Rejected429++
-			}
-			if inWindow {
-				ts.WindowUncached += uncached
-			}
+			a.tenants[q.Tenant] += r.uncached
 		}
 	}
+	switch o.Status {
+	case 200:
+		a.Completed++
+		a.ttft = append(a.ttft, o.First-q.Arrival)
+		a.wait = append(a.wait, o.Leave-q.Arrival)
+		a.lat = append(a.lat, o.End-q.Arrival)
+		a.OutputTokens += int64(q.OutputTokens)
+		if r.inFirstN {
+			a.FirstN++
+		}
+	case 429:
+		a.Rejected429++
+	case 503:
+		a.Unavailable503++
+	}
+}
+
+// finishClasses turns the accumulators (the total last) into the
+// summaries of the classes with requests and of the total.
+func finishClasses(classes []*classAcc, makespan float64) ([]ClassSummary, ClassSummary) {
+	var out []ClassSummary
 	total := classes[len(classes)-1]
 	for i, a := range classes {
 		a.TTFT, a.QueueWait, a.Latency = percentiles(a.ttft), percentiles(a.wait), percentiles(a.lat)
@@ -235,34 +265,64 @@ func Summarize(t *Trace, res *Result) PolicySummary {
 		if j := status.Jain(xs); !math.IsNaN(j) {
 			a.JainTenants = &j
 		}
-		if i == len(classes)-1 {
-			ps.Total = a.ClassSummary
-		} else if a.Requests > 0 {
-			ps.Classes = append(ps.Classes, a.ClassSummary)
+		if i < len(classes)-1 && a.Requests > 0 {
+			out = append(out, a.ClassSummary)
 		}
 	}
-	if prompt > 0 {
-		ps.PrefixHitRate = float64(cached) / float64(prompt)
+	return out, total.ClassSummary
+}
+
+// tenantAccs accumulates the figures of each tenant.
+type tenantAccs map[string]*tenantAcc
+
+type tenantAcc struct {
+	TenantSummary
+	ttft []int64
+}
+
+// add counts one request of a tenant; requests without one count for
+// none.
+func (ts tenantAccs) add(o *Outcome, q *Request, r requestFigures) {
+	if q.Tenant == "" {
+		return
 	}
-	for name, ts := range tenants {
-		ts.TTFT = percentiles(tenantTTFT[name])
-		ps.Tenants = append(ps.Tenants, *ts)
+	a := ts[q.Tenant]
+	if a == nil {
+		a = &tenantAcc{TenantSummary: TenantSummary{Tenant: q.Tenant}}
+		ts[q.Tenant] = a
 	}
-	slices.SortFunc(ps.Tenants, func(a, b TenantSummary) int {
-		switch {
-		case a.Tenant < b.Tenant:
-			return -1
-		case a.Tenant > b.Tenant:
-			return 1
-		}
-		return 0
-	})
-	ps.Sim = SimFigures{WallS: res.Wall.Seconds(), Decisions: res.Decisions, Instants: res.Instants}
+	a.Requests++
+	switch o.Status {
+	case 200:
+		a.Completed++
+		a.ttft = append(a.ttft, o.First-q.Arrival)
+	case 429:
+		a.Rejected429++
+	}
+	if r.inWindow {
+		a.WindowUncached += r.uncached
+	}
+}
+
+// summaries are the tenants' figures, by tenant name.
+func (ts tenantAccs) summaries() []TenantSummary {
+	var out []TenantSummary
+	for _, a := range ts {
+		a.TTFT = percentiles(a.ttft)
+		out = append(out, a.TenantSummary)
+	}
+	slices.SortFunc(out, func(a, b TenantSummary) int { return strings.Compare(a.Tenant, b.Tenant) })
+	return out
+}
+
+// simFigures are the simulator's own costs of run res.
+func simFigures(res *Result) SimFigures {
+	f := SimFigures{WallS: res.Wall.Seconds(), Decisions: res.Decisions, Instants: res.Instants}
 	if res.Wall > 0 {
-		ps.Sim.RequestsPerS = float64(len(out)) / res.Wall.Seconds()
+		f.RequestsPerS = float64(len(res.Outcomes)) / res.Wall.Seconds()
 	}
 	if res.Decisions > 0 {
-		ps.Sim.CoreNsPerDecision = float64(res.CoreTime.Nanoseconds()) / float64(res.Decisions)
+		f.CoreNsPerDecision = float64(res.CoreTime.Nanoseconds()) / float64(res.Decisions)
 	}
-	return ps
+	return f
 }

@@ -67,6 +67,7 @@ func TestBenchQuality(t *testing.T) {
 			t.Errorf("%d of %d requests completed", f.Total.Completed, f.Requests)
 		}
 	})
+	runTraces(t, w, out)
 	t.Run("both ways", func(t *testing.T) {
 		bins := os.Getenv("LANEWAY_BIN")
 		if bins == "" {
