@@ -1,8 +1,9 @@
 // Package status is the picker's live view of its queues for people and
 // scripts (SPEC §14): what each class holds, who is waiting, who was served
 // in the last minute and how fairly, and the endpoints' load. It serves
-// the JSON of /debug/status on the metrics port, which `laneway status`
-// reads, and the two gauges derived from the same window
+// the JSON of /debug/status on a listener of its own (--status-port, on
+// the loopback address by default: it names tenants and endpoint
+// addresses), which `laneway status` reads, and the two gauges derived from the same window
 // (laneway_tenant_fairness_jain).
 //
 // Tenants never become Prometheus labels (their number is unbounded); they

@@ -207,7 +207,7 @@ func localEPPArgs(dep *unstructured.Unstructured, kubeconfig string) ([]string, 
 		return nil, false, fmt.Errorf("picker Deployment has %d containers", len(containers))
 	}
 	raw, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
-	ports := map[string]bool{"--grpc-port": true, "--grpc-health-port": true, "--metrics-port": true}
+	ports := map[string]bool{"--grpc-port": true, "--grpc-health-port": true, "--metrics-port": true, "--status-port": true}
 	secure := true
 	var args []string
 	for _, a := range raw {

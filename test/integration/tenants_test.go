@@ -296,7 +296,7 @@ func TestModelProfileCannotLiftTenant(t *testing.T) {
 
 	ctx := testCtx(t)
 	cmd := exec.CommandContext(ctx, bins.Epp, "--secure-serving=false", "--bind-address=127.0.0.1", "--grpc-port=0",
-		"--grpc-health-port=0", "--metrics-port=0", "--endpoints=127.0.0.2:8000", "--policy-config="+path)
+		"--grpc-health-port=0", "--metrics-port=0", "--status-port=-1", "--endpoints=127.0.0.2:8000", "--policy-config="+path)
 	out, err = cmd.CombinedOutput()
 	if err == nil || ctx.Err() != nil {
 		t.Errorf("the picker did not refuse the policy at start (err %v):\n%s", err, out)
