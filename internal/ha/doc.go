@@ -46,8 +46,11 @@
 //
 //   - A stream is forwarded at most once: a follower marks it with its
 //     identity (x-laneway-forwarded-by), and a replica never forwards a
-//     marked stream, so replicas with crossed views of the Lease cannot
-//     bounce it between them.
+//     stream a peer marked, so replicas with crossed views of the Lease
+//     cannot bounce it between them. A mark counts only from a peer
+//     (peerMarked: the replicas' certificate with mutual TLS, else the
+//     address the mark names), so a client cannot mark its own stream to
+//     be scheduled on a follower, outside the leader's queue.
 //   - Until the leader's first answer nothing has reached the gateway,
 //     and the pump keeps every message it passed up. If the leader fails
 //     then, or refuses with a replica-local 503 (FollowConfig.Refusals:

@@ -153,7 +153,10 @@ type forwarder struct {
 	gate     func() string
 	refusals []string
 	dialTo   func(holder string) (*grpc.ClientConn, error)
-	log      logr.Logger
+	// ownPin is the pin of the replicas' serving certificate with mutual
+	// TLS, "" without it: who may mark a stream forwarded (peerMarked).
+	ownPin func() string
+	log    logr.Logger
 	// routes counts the streams by route (laneway_ha_streams_total), its
 	// children resolved once: every stream counts one.
 	routes map[string]prometheus.Counter
@@ -184,8 +187,12 @@ func newForwarder(cfg FollowConfig, local Local) (*forwarder, error) {
 	if err := cfg.Registry.Register(routes); err != nil {
 		return nil, fmt.Errorf("register %s: %w", MetricStreams, err)
 	}
+	ownPin, err := replicaPin(cfg.Link)
+	if err != nil {
+		return nil, err
+	}
 	return &forwarder{view: cfg.Leader, self: cfg.Self, local: local, gate: cfg.Gate, refusals: cfg.Refusals,
-		dialTo: dialer(cfg.Link), log: cfg.Log, routes: children}, nil
+		dialTo: dialer(cfg.Link), ownPin: ownPin, log: cfg.Log, routes: children}, nil
 }
 
 // process routes one stream.
@@ -195,7 +202,7 @@ func (f *forwarder) process(gw extprocv3.ExternalProcessor_ProcessServer) error 
 		return f.local.Process(gw)
 	}
 	holder := f.view.Leader()
-	if holder == "" || f.gate() != "" || forwardedBy(gw.Context()) != "" {
+	if holder == "" || f.gate() != "" || peerMarked(gw.Context(), f.ownPin) {
 		// A closed gate answers 503 with its reason from the local
 		// handler: a replica that must not schedule does not forward
 		// either.
