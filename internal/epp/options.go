@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"os"
 	"runtime/debug"
 	"strconv"
@@ -346,7 +345,7 @@ func defaultHeldBodyBytes(memLimit int64, maxBody int) int64 {
 func (o *Options) Validate() error {
 	var errs []error
 	for _, ep := range o.Endpoints {
-		if _, _, err := net.SplitHostPort(ep); err != nil {
+		if err := checkEndpoint(ep); err != nil {
 			errs = append(errs, fmt.Errorf("--endpoints: %q is not ip:port: %w", ep, err))
 		}
 	}
