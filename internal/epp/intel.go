@@ -264,8 +264,8 @@ func (in *intel) Routed(req *extproc.Request, t *sched.Ticket, g *sched.Grant, a
 		log.Info("routed", "endpoint", ep, "rawISL", t.RawISL, "cachedTokens", t.Cached, "class", t.Class,
 			"priority", t.Priority, "hasPriority", t.HasPriority)
 	}
-	if !in.opts.ForwardPriority || at == nil {
-		return nil
+	if !in.opts.ForwardPriority || at == nil || len(req.Body) == 0 {
+		return nil // nothing to forward it in
 	}
 	// The picker owns the field: the request's priority as its tenant may
 	// have it, or none. A body's own priority would otherwise reach the
