@@ -120,6 +120,25 @@ func TestResolveForAllowedClasses(t *testing.T) {
 	}
 }
 
+// TestOneAllowedIsTheDefault: allowed with one entry and no
+// default_family defaults to that entry (the audit's default_tenant:
+// {allowed: [std]} was refused for lacking a default it could only have
+// one value for).
+func TestOneAllowedIsTheDefault(t *testing.T) {
+	c := compileYAML(t, `
+policy_classes:
+  - {name: std, quantum: 1, prefill_busy_threshold: 10}
+  - {name: gold, quantum: 1, prefill_busy_threshold: 10}
+default_tenant: {allowed: [std]}
+`)
+	g := c.Rights("anyone")
+	for _, header := range []string{"", "gold", "nonsense"} {
+		if got := c.ResolveFor("", header, 100, &g); got != c.Index("", "std") {
+			t.Errorf("header %q: class %s, want std", header, c.Info[got].Name)
+		}
+	}
+}
+
 // TestNoIdentityTrustsHints: without an identity source, hints are not
 // capped and no tenant is tracked unless a class is tenant-fair.
 func TestNoIdentityTrustsHints(t *testing.T) {
@@ -164,7 +183,7 @@ policy_classes:
 		{"duplicate", "tenants: [{name: x, match: {exact: [x]}}, {name: x, match: {exact: [y]}}]", `tenant "x": name is used by more than one binding`},
 		{"empty prefix", `tenants: [{name: x, match: {prefix: [""]}}]`, `would match every identity`},
 		{"unknown allowed", "tenants: [{name: x, match: {exact: [x]}, allowed: [c], default_family: a}]", `allowed "c" names no policy family or explicit class`},
-		{"allowed without default", "default_tenant: {allowed: [a]}", "default_tenant: allowed is set, so default_family is required"},
+		{"allowed without default", "default_tenant: {allowed: [a, b]}", "default_tenant: allowed has 2 entries, so default_family is required"},
 		{"default outside allowed", "default_tenant: {allowed: [a], default_family: b}", `default_family "b" is not in allowed [a]`},
 		{"weight 0", "default_tenant: {weight: 0}", "weight must be between 1 and 1000000"},
 		{"limit 0", "default_tenant: {request_queue_limit: 0}", "request_queue_limit must be >= 1"},
