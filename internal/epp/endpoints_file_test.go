@@ -1,6 +1,7 @@
 package epp
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -81,4 +82,30 @@ func TestEndpointsFileOptions(t *testing.T) {
 		!strings.Contains(err.Error(), "--endpoints-file") {
 		t.Errorf("a missing endpoints file: %v, want an error naming --endpoints-file", err)
 	}
+}
+
+// FuzzParseEndpoints: every entry ParseEndpoints returns is an IP address
+// and a port from 1 to 65535, each non-empty entry of the input is either
+// returned or named in the error, and the result parses again to itself.
+func FuzzParseEndpoints(f *testing.F) {
+	for _, s := range []string{"", "10.0.0.1:8000\n10.0.0.2:8000", " 10.0.0.1:8000 , [fd00::1]:8000 # x\r\n", "foo:bar", "[::1]:x",
+		"10.0.0.1:0", "[fe80::1%eth0]:80", "1.2.3.4:65536", "::1:80", "#only\n,,,\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		eps, err := ParseEndpoints(data)
+		for _, ep := range eps {
+			ap, perr := netip.ParseAddrPort(ep)
+			if perr != nil || ap.Port() == 0 {
+				t.Fatalf("accepted %q: %v, port %d", ep, perr, ap.Port())
+			}
+		}
+		if err != nil {
+			return
+		}
+		again, err := ParseEndpoints([]byte(strings.Join(eps, "\n")))
+		if err != nil || !slices.Equal(again, eps) {
+			t.Fatalf("%q parse again to %q, %v", eps, again, err)
+		}
+	})
 }
