@@ -62,7 +62,7 @@ func fuzzMessages(in []byte) []*extprocv3.ProcessingRequest {
 				break
 			}
 			m.Request = &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: h}
-			switch f.byte() % 4 {
+			switch f.byte() % 5 {
 			case 1: // the subset hint as a comma string
 				m.MetadataContext = subsetMetadata(structpb.NewStringValue(string(f.bytes())))
 			case 2: // as a list, with an entry that is no string
@@ -70,6 +70,10 @@ func fuzzMessages(in []byte) []*extprocv3.ProcessingRequest {
 					structpb.NewStringValue(string(f.bytes())), structpb.NewNumberValue(float64(f.byte())), structpb.NewStringValue(string(f.bytes()))}}))
 			case 3: // another kind altogether
 				m.MetadataContext = subsetMetadata(structpb.NewBoolValue(true))
+			case 4: // an identity claim, nested or not, of any kind
+				inner := &structpb.Struct{Fields: map[string]*structpb.Value{string(f.bytes()): structpb.NewStringValue(string(f.bytes()))}}
+				outer := map[string]*structpb.Value{string(f.bytes()): structpb.NewStructValue(inner), "sub": structpb.NewNumberValue(float64(f.byte()))}
+				m.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"jwt": {Fields: outer}}}
 			}
 		case 2, 3:
 			b := &extprocv3.HttpBody{Body: f.bytes(), EndOfStream: op&8 != 0}
@@ -105,7 +109,8 @@ func subsetMetadata(v *structpb.Value) *corev3.Metadata {
 }
 
 // FuzzStream plays any sequence of gateway messages (headers with any
-// names and values, the subset hint in every form, bodies, trailers,
+// names and values, the subset hint in every form, identity metadata
+// read as the picker reads it, bodies, trailers,
 // protocol configurations, messages out of order) into a stream of a
 // server with small limits. The stream ends without a panic, answers
 // with at most one immediate response, and gives back every held byte.
@@ -116,6 +121,12 @@ func FuzzStream(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 0, 5, '9', '9', '9', '9', '9', 0, 2, 1, 'x', 2, 1, 'y', 10, 2, 'z', 'w'})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		s := NewServer(decideFunc(func(_ context.Context, r *Request) (Decision, error) {
+			// The identity's reads of the forwarded metadata.
+			for _, path := range [][]string{{"sub"}, {"claims", "sub"}, {"a", "b", "c"}, nil} {
+				if v, ok := r.MetadataString("jwt", path); ok && len(path) == 0 {
+					t.Errorf("MetadataString with no path gave %q", v)
+				}
+			}
 			if r.HasSubset && len(r.Subset) > 0 {
 				return Decision{Endpoints: r.Subset[:1]}, nil
 			}
