@@ -87,6 +87,9 @@ func localValues(port int) string {
 epp:
   drainTimeoutSeconds: %d
   conformanceHooks: true # the scenarios pin requests with the conformance header
+# The scenarios send class and priority hints straight to the picker (no
+# gateway in front strips them) and test what the picker does with them.
+trustClientHints: true
 inferencePool:
   name: pool
   create: true
