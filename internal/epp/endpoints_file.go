@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -30,7 +30,7 @@ func ParseEndpoints(data []byte) ([]string, error) {
 			if ep == "" {
 				continue
 			}
-			if _, _, err := net.SplitHostPort(ep); err != nil {
+			if err := checkEndpoint(ep); err != nil {
 				errs = append(errs, fmt.Errorf("line %d: %q is not ip:port: %w", n+1, ep, err))
 				continue
 			}
@@ -38,6 +38,20 @@ func ParseEndpoints(data []byte) ([]string, error) {
 		}
 	}
 	return eps, errors.Join(errs...)
+}
+
+// checkEndpoint accepts an IP address and a port from 1 to 65535:
+// net.SplitHostPort alone let "foo:bar" and "[::1]:x" through, which the
+// picker then dialled (and scraped) forever.
+func checkEndpoint(ep string) error {
+	ap, err := netip.ParseAddrPort(ep)
+	if err != nil {
+		return err
+	}
+	if ap.Port() == 0 {
+		return errors.New("port 0")
+	}
+	return nil
 }
 
 // standaloneEndpoints is the standalone mode's first endpoint set: the

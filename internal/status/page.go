@@ -12,7 +12,8 @@ import (
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
-// Path is where the status page is served on the metrics port.
+// Path is where the status page is served on its own port (--status-port),
+// never on the metrics port.
 const Path = "/debug/status"
 
 // TopN is how many tenants per class the page lists in each ranking.

@@ -56,6 +56,13 @@ type PrefixOptions struct {
 // known: vLLM's default KV block size.
 const DefaultBlockSize = 16
 
+// MaxEngineBlockSize is the largest engine KV block size, in tokens, that
+// raises the hashing block size (vLLM's and TRT-LLM's pages are 16 to 128
+// tokens). One endpoint's report could otherwise set the pool's hashing
+// block size to anything: at a billion tokens no prompt holds a whole
+// block and the prefix index finds nothing for any endpoint.
+const MaxEngineBlockSize = 256
+
 // unseenRequestSeed is the prompt size assumed for a request seen waiting
 // in an engine before this picker dispatched any request of its own.
 const unseenRequestSeed = 1024

@@ -91,7 +91,7 @@ func (c *Core) SetMetrics(now int64, addr string, m podmetrics.Metrics, stale bo
 		}
 		bs := 0
 		if m.Has(podmetrics.BlockSize) {
-			bs = m.BlockSize
+			bs = min(m.BlockSize, MaxEngineBlockSize)
 		}
 		if bs != e.engineBS {
 			e.engineBS = bs
@@ -105,7 +105,8 @@ func (c *Core) SetMetrics(now int64, addr string, m podmetrics.Metrics, stale bo
 }
 
 // updateHashBlockSize sets the hashing block size to the configured one or
-// the largest block size a live endpoint reports, whichever is larger: a
+// the largest block size a live endpoint reports (at most
+// MaxEngineBlockSize), whichever is larger: a
 // coarser hash than the engine's only rounds the overlap down, and an
 // engine with token-sized pages (SGLang's default) must not make the
 // parser hash every token.
