@@ -43,7 +43,7 @@ func Render(w io.Writer, p *Page) {
 	}
 	fmt.Fprintln(w)
 	// 80 columns: an IPv4 address with its port fits the first 21.
-	fmt.Fprintf(w, "%-21s %6s %8s %-10s %4s %6s %5s %6s %6s\n", "endpoint", "prefill", "inflight", "state", "wait", "unseen", "await", "rate/s", "thresh")
+	fmt.Fprintf(w, "%-21s %7s %6s %-10s %4s %6s %5s %6s %6s\n", "endpoint", "prefill", "flight", "state", "wait", "unseen", "await", "rate/s", "thresh")
 	for _, e := range p.Endpoints {
 		state := "ok"
 		switch {
@@ -62,7 +62,7 @@ func Render(w io.Writer, p *Page) {
 		if e.AutoThreshold > 0 {
 			threshold = human(e.AutoThreshold)
 		}
-		fmt.Fprintf(w, "%-21s %6s %8d %-10s %4d %6d %5d %6s %6s\n", clip(e.Addr, 21), human(e.ActivePrefillTokens), e.InFlight, state,
+		fmt.Fprintf(w, "%-21s %7s %6d %-10s %4d %6d %5d %6s %6s\n", clip(e.Addr, 21), human(e.ActivePrefillTokens), e.InFlight, state,
 			e.EngineWaiting, e.UnseenWaiting, e.AwaitingEngine, human(uint64(e.PrefillRate)), threshold)
 	}
 }

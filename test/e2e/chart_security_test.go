@@ -117,7 +117,10 @@ networkPolicy:
 				return []networkingv1.NetworkPolicyPort{{Port: &p, Protocol: &tcp}}
 			}
 			want := []networkingv1.NetworkPolicyIngressRule{
-				{Ports: port(9002), From: append([]networkingv1.NetworkPolicyPeer{{PodSelector: picker}}, tc.gateway...)},
+				// Tickets: the picker's own replicas only, on the replica link's port.
+				{Ports: port(9004), From: []networkingv1.NetworkPolicyPeer{{PodSelector: picker}}},
+				// ext_proc: the gateway only.
+				{Ports: port(9002), From: tc.gateway},
 				{Ports: port(9003)},
 				{Ports: port(9090), From: tc.metrics},
 			}

