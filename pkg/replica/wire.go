@@ -514,6 +514,10 @@ func (tk *Ticket) decode(b []byte) error {
 		if len(blocks) > 0 {
 			return malformed("ticket %d: block hashes without a count", tk.ID)
 		}
+		// A block size means nothing without blocks, and the encoder
+		// writes it only with them: drop it, so a ticket decodes the same
+		// after another encoding.
+		t.BlockSize = 0
 		return nil
 	}
 	if count > MaxBlocks || t.BlockSize <= 0 {
