@@ -41,6 +41,11 @@ type Options struct {
 	// drops them: a driver that calls Release itself (the simulator) needs
 	// none.
 	Releaser Releaser
+	// DisaggregateAboveUncachedTokens is the pool's disaggregation
+	// threshold, for the classes that set none (policy.Disaggregation): in
+	// a pool with prefill-only endpoints, a request whose uncached prompt
+	// tokens are above it is prefilled on a prefill pod (roles.go).
+	DisaggregateAboveUncachedTokens uint64
 }
 
 // PrefixOptions configure the prefix-cache index.
@@ -79,6 +84,10 @@ type Core struct {
 	cands []Candidate  // scratch for picks: the set as the Chooser sees it
 	order []int        // scratch for picks
 
+	decOrder   []int        // scratch for decode picks (roles.go)
+	decLoads   []decodeLoad // scratch for decode picks
+	decodeTurn uint64       // rotates ties between equally loaded decode pods
+
 	index      *affinity.Index // the prefix-cache index; nil: none
 	baseBS     int             // PrefixOptions.BlockSize
 	hashBS     int             // the block size parsers should hash at
@@ -101,6 +110,7 @@ type Request struct {
 	arrival int64
 	state   reqState
 	grant   *Grant
+	stage   stage // whether it disaggregates (roles.go)
 }
 
 type reqState uint8
@@ -198,10 +208,7 @@ func (c *Core) Admit(now int64, r *Request) {
 	}
 	hashes := c.cacheableBlocks(t)
 	s := c.candidates(now, r, hashes, noClass)
-	if len(hashes) > 0 {
-		t.Cached = s.best
-	}
-	t.Class = c.pol.resolve(t)
+	c.resolveStage(r, s, len(hashes) > 0)
 	v := c.judge(s, t.Class)
 	if v == drr.Unroutable {
 		c.reject(r, c.noEndpoint(r, s), ReasonNoEndpoints)
@@ -370,6 +377,7 @@ func (c *Core) Snapshot() Snapshot {
 			Addr: e.addr, ActivePrefill: e.activePrefill, InFlight: e.inFlight, Tainted: e.tainted,
 			Stale: e.stale, UnseenWaiting: e.unseenWaiting, UnseenPrefill: e.unseenPrefill,
 			EngineWaiting: e.waiting, MaxBatchedTokens: e.maxBatched, Busy: c.busyEverywhere(e),
+			Role: e.role,
 		}
 		if c.index != nil {
 			es.IndexTokens = c.index.Stats(int(id)).Tokens

@@ -33,9 +33,16 @@ type Grant struct {
 	Endpoints []string
 	// Engine is the picked endpoint's engine (for the priority polarity).
 	Engine policy.Engine
+	// Prefill is the prefill pod ("ip:port") of a disaggregated request,
+	// for the x-prefiller-host-port header; "" when the pick serves the
+	// whole request. PD is the disaggregation decision (the PD constants;
+	// "" in a pool without prefill pods). See roles.go.
+	Prefill string
+	PD      string
 
 	rel             Releaser
 	ep              *endpoint
+	dec             *endpoint // the decode pod of a disaggregated grant (ep is its prefill pod)
 	pick            [1]string // Endpoints' storage when there are no fallbacks
 	prefill         uint64    // owner-only from here on
 	prefillReleased bool
@@ -71,6 +78,9 @@ func (c *Core) Release(g *Grant, ev Event) {
 	}
 	g.finished = true
 	e := g.ep
+	if g.dec != nil {
+		e = g.dec // the prefill pod let go at the first byte (handOver)
+	}
 	if e.inFlight > 0 {
 		e.inFlight--
 	}
@@ -90,7 +100,11 @@ func (c *Core) prefillDone(g *Grant) {
 	} else {
 		e.activePrefill = 0
 	}
-	e.decoding++ // past prefill the request decodes
+	if g.dec != nil {
+		c.handOver(g)
+	} else {
+		e.decoding++ // past prefill the request decodes
+	}
 	if !e.removed {
 		c.q.EndpointChanged(e.id)
 	}
@@ -100,7 +114,7 @@ func (c *Core) prefillDone(g *Grant) {
 // charges the pick and records the decision (SPEC §5 pick and charge).
 func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	t := r.Ticket
-	if len(s.eps) == 0 {
+	if len(s.eps) == 0 || s.stageMissing() != "" {
 		c.reject(r, c.noEndpoint(r, s), ReasonNoEndpoints)
 		return
 	}
@@ -136,6 +150,9 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	e.inFlight++
 	e.peakInFlight = max(e.peakInFlight, e.inFlight)
 	c.q.EndpointChanged(e.id)
+	if s.split {
+		c.decodeStage(g, r, s) // disaggregated: the pick above is the prefill pod
+	}
 	if c.index != nil && len(t.Blocks) > 0 && t.BlockSize > 0 {
 		c.index.Record(int(e.id), t.Blocks, t.BlockSize, now)
 	}

@@ -65,6 +65,9 @@ func (c *Core) SetMetrics(addr string, m podmetrics.Metrics, stale bool) bool {
 		}
 		e.unseenWaiting, e.unseenPrefill = unseen, prefill
 		e.running = m.Running
+		if m.Has(podmetrics.KVCacheUsage) {
+			e.kvUsage = m.KVCacheUsage // orders decode pods (roles.go)
+		}
 		if c.index != nil && m.Has(podmetrics.NumBlocks|podmetrics.BlockSize) {
 			c.index.SetCapacity(int(e.id), drr.SaturatingMul(uint64(m.NumBlocks), uint64(m.BlockSize)))
 		}
