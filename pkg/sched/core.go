@@ -46,6 +46,9 @@ type Options struct {
 	// a pool with prefill-only endpoints, a request whose uncached prompt
 	// tokens are above it is prefilled on a prefill pod (roles.go).
 	DisaggregateAboveUncachedTokens uint64
+	// DisableLoRAAffinity turns off the LoRA tier of the pick (lora.go):
+	// adapter requests then go where the chooser alone puts them.
+	DisableLoRAAffinity bool
 }
 
 // PrefixOptions configure the prefix-cache index.
@@ -87,6 +90,8 @@ type Core struct {
 	decOrder   []int        // scratch for decode picks (roles.go)
 	decLoads   []decodeLoad // scratch for decode picks
 	decodeTurn uint64       // rotates ties between equally loaded decode pods
+
+	adapters map[string]struct{} // adapter names endpoints reported (lora.go)
 
 	index      *affinity.Index // the prefix-cache index; nil: none
 	baseBS     int             // PrefixOptions.BlockSize

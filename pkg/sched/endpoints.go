@@ -47,6 +47,8 @@ type endpoint struct {
 	// orders decode pods.
 	role    Role
 	kvUsage float64
+	// lora is its adapters as the core knows them (lora.go).
+	lora loraState
 }
 
 // load is the prefill the busy test counts: ours plus the unseen estimate.

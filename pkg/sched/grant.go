@@ -39,10 +39,14 @@ type Grant struct {
 	// "" in a pool without prefill pods). See roles.go.
 	Prefill string
 	PD      string
+	// LoRA is where the pick stood for the request's adapter (the LoRA
+	// constants; "" for a base-model request). See lora.go.
+	LoRA string
 
 	rel             Releaser
 	ep              *endpoint
 	dec             *endpoint // the decode pod of a disaggregated grant (ep is its prefill pod)
+	adapter         string    // the adapter counted on ep (and dec) until released
 	pick            [1]string // Endpoints' storage when there are no fallbacks
 	prefill         uint64    // owner-only from here on
 	prefillReleased bool
@@ -81,6 +85,7 @@ func (c *Core) Release(g *Grant, ev Event) {
 	if g.dec != nil {
 		e = g.dec // the prefill pod let go at the first byte (handOver)
 	}
+	c.adapterDone(g, e)
 	if e.inFlight > 0 {
 		e.inFlight--
 	}
@@ -133,6 +138,7 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 			Decoding:      max(e.decoding, e.running),
 		})
 	}
+	c.setLoRATiers(t, c.cands)
 	c.order = c.opts.Chooser.Choose(t, c.cands, c.order[:0])
 	n := min(1+c.opts.MaxFallbacks, len(c.order))
 	e := c.reg.eps[c.cands[c.order[0]].ID]
@@ -153,6 +159,7 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	if s.split {
 		c.decodeStage(g, r, s) // disaggregated: the pick above is the prefill pod
 	}
+	c.noteAdapter(g, t)
 	if c.index != nil && len(t.Blocks) > 0 && t.BlockSize > 0 {
 		c.index.Record(int(e.id), t.Blocks, t.BlockSize, now)
 	}

@@ -305,6 +305,7 @@ func (c *Core) handOver(g *Grant) {
 	if p := g.ep; p.inFlight > 0 {
 		p.inFlight--
 	}
+	c.adapterDone(g, g.ep)
 	g.dec.decoding++
 }
 
@@ -314,6 +315,7 @@ func (c *Core) handOver(g *Grant) {
 // count), then the least KV-cache use.
 type decodeLoad struct {
 	stale, full bool
+	tier        uint8 // the LoRA tier of an adapter request (lora.go), else 0
 	seqs        int
 	kv          float64
 }
@@ -338,6 +340,8 @@ func compareDecodeLoad(a, b decodeLoad) int {
 			return 1
 		}
 		return -1
+	case a.tier != b.tier:
+		return cmp.Compare(a.tier, b.tier)
 	case a.seqs != b.seqs:
 		return cmp.Compare(a.seqs, b.seqs)
 	}
@@ -350,9 +354,25 @@ func compareDecodeLoad(a, b decodeLoad) int {
 func (c *Core) decodeOrder(t *Ticket, dec []candidate) []int {
 	c.decOrder = c.decOrder[:0]
 	c.decLoads = c.decLoads[:0]
+	least := -1
 	for i, x := range dec {
+		e := c.reg.eps[x.id]
 		c.decOrder = append(c.decOrder, i)
-		c.decLoads = append(c.decLoads, c.decodeLoadOf(c.reg.eps[x.id]))
+		c.decLoads = append(c.decLoads, c.decodeLoadOf(e))
+		if !e.stale && (least < 0 || e.inFlight < least) {
+			least = e.inFlight
+		}
+	}
+	// An adapter request prefers decode pods where its adapter runs, then
+	// those with room, under the balance guard of setLoRATiers.
+	if a := c.adapterOf(t); a != "" {
+		for i, x := range dec {
+			if e := c.reg.eps[x.id]; least < 0 || e.inFlight <= balanced(least) {
+				c.decLoads[i].tier = e.loraFit(a)
+			} else {
+				c.decLoads[i].tier = 2
+			}
+		}
 	}
 	// Rotate first, then sort stably: ties keep the rotated order.
 	if n := len(c.decOrder); n > 1 {
