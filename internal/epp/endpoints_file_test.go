@@ -5,6 +5,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 func TestParseEndpoints(t *testing.T) {
@@ -39,6 +43,30 @@ func TestParseEndpoints(t *testing.T) {
 	}
 }
 
+// TestParseEndpointsFileRoles: an entry may name its role after the
+// address; an unknown one serves whole requests with a warning.
+func TestParseEndpointsFileRoles(t *testing.T) {
+	in := "10.0.0.1:8000 prefill\n10.0.0.2:8000   decode , 10.0.0.3:8000 both # mixed\n10.0.0.4:8000\n10.0.0.5:8000 prefil\n10.0.0.6:8000 decode extra\n"
+	got, warnings, err := ParseEndpointsFile([]byte(in))
+	want := []FileEndpoint{
+		{"10.0.0.1:8000", sched.RolePrefill}, {"10.0.0.2:8000", sched.RoleDecode}, {"10.0.0.3:8000", sched.RolePrefillDecode},
+		{"10.0.0.4:8000", sched.RolePrefillDecode}, {"10.0.0.5:8000", sched.RolePrefillDecode},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("entries %v, want %v", got, want)
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], `line 4: 10.0.0.5:8000: unknown role "prefil"`) {
+		t.Errorf("warnings %q, want one for the unknown role", warnings)
+	}
+	if err == nil || !strings.Contains(err.Error(), `line 5: "10.0.0.6:8000 decode extra"`) {
+		t.Errorf("error %v, want one naming the entry with an extra field", err)
+	}
+	eps := FileEndpoints(want[:2], 4096)
+	if eps[0].Role != sched.RolePrefill || eps[1].Role != sched.RoleDecode || eps[1].MaxBatchedTokens != 4096 {
+		t.Errorf("FileEndpoints = %+v", eps)
+	}
+}
+
 func TestEndpointsFileOptions(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -68,7 +96,7 @@ func TestEndpointsFileOptions(t *testing.T) {
 			}
 		})
 	}
-	if _, _, err := standaloneEndpoints(testOptions(func(o *Options) { o.EndpointsFile = t.TempDir() + "/missing" })); err == nil ||
+	if _, _, err := standaloneEndpoints(testOptions(func(o *Options) { o.EndpointsFile = t.TempDir() + "/missing" }), logr.Discard()); err == nil ||
 		!strings.Contains(err.Error(), "--endpoints-file") {
 		t.Errorf("a missing endpoints file: %v, want an error naming --endpoints-file", err)
 	}
