@@ -17,4 +17,13 @@
 // and hashed per full block of --block-size tokens for the model's prefix
 // cache. vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total
 // count prompt tokens and cached tokens at admission.
+//
+// In a disaggregated pool (--role) a decode or prefill-decode server acts
+// as llm-d's decode sidecar for a request with x-prefiller-host-port: it
+// prefills on that server with max_tokens 1, waits --kv-transfer-time for
+// the KV cache, then decodes with the prompt counted as cached (pd.go).
+// /debug/requests records on both sides prove where each request was
+// prefilled and decoded. LoRA adapters (--lora-modules, --max-loras) stay
+// resident between requests; loading one costs --lora-load-time and counts
+// in modelsim_lora_loads_total.
 package modelsim
