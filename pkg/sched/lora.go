@@ -14,8 +14,10 @@ import (
 // LoRA affinity outcomes of Grant.LoRA, the laneway_lora_affinity_picks_total
 // outcome label: where the adapter request's pick stood.
 const (
-	// LoRARunning: the adapter was running or waiting there (scraped), or
-	// this picker had a request of it in flight there.
+	// LoRARunning: the adapter was running or waiting there (scraped),
+	// this picker had a request of it in flight there, or it was among the
+	// last max_lora adapters this picker sent there (so most likely still
+	// resident in the engine's adapter slots).
 	LoRARunning = "running"
 	// LoRARoom: it was not, but the endpoint runs fewer adapters than its
 	// max_lora, so the adapter can be loaded without evicting one in use.
@@ -36,6 +38,12 @@ type loraState struct {
 	max              int
 	// ours counts this picker's unfinished requests per adapter there.
 	ours map[string]int
+	// recent are the last max distinct adapters this picker sent there,
+	// most recent first: what the engine most likely keeps resident, as
+	// vLLM evicts the least recently used adapter. The scraped lists only
+	// name adapters with requests in the engine, so without it an adapter
+	// between two requests would look absent everywhere.
+	recent []string
 }
 
 // setLoRA applies a fresh scrape's adapter state to e and learns the
@@ -48,6 +56,9 @@ func (c *Core) setLoRA(e *endpoint, m *podmetrics.Metrics) {
 	l.running = append(l.running[:0], m.LoRA.Running...)
 	l.waiting = append(l.waiting[:0], m.LoRA.Waiting...)
 	l.max = m.LoRA.MaxLoRA
+	if len(l.recent) > l.max {
+		l.recent = l.recent[:l.max]
+	}
 	for _, lists := range [2][]string{m.LoRA.Running, m.LoRA.Waiting} {
 		for _, a := range lists {
 			if _, ok := c.adapters[a]; !ok && len(c.adapters) < maxKnownAdapters {
@@ -73,11 +84,13 @@ func (c *Core) adapterOf(t *Ticket) string {
 	return ""
 }
 
-// loraFit is where adapter a stands on e: 0 running there, 1 room for it,
-// 2 neither.
+// loraFit is where adapter a stands on e: 0 running there (or recently
+// sent there), 1 a free slot for it (fewer adapters running, in flight or
+// recently sent there than max_lora), 2 neither: loading it would evict
+// one.
 func (e *endpoint) loraFit(a string) uint8 {
 	l := &e.lora
-	if l.ours[a] > 0 || slices.Contains(l.running, a) || slices.Contains(l.waiting, a) {
+	if l.ours[a] > 0 || slices.Contains(l.running, a) || slices.Contains(l.waiting, a) || slices.Contains(l.recent, a) {
 		return 0
 	}
 	if l.max > 0 {
@@ -87,11 +100,35 @@ func (e *endpoint) loraFit(a string) uint8 {
 				n++
 			}
 		}
+		for _, x := range l.recent {
+			if l.ours[x] == 0 && !slices.Contains(l.running, x) {
+				n++
+			}
+		}
 		if n < l.max {
 			return 1
 		}
 	}
 	return 2
+}
+
+// sentAdapter records that this picker sent a request of adapter a to e:
+// a moves to the front of e's recent adapters, which keep max_lora.
+func (e *endpoint) sentAdapter(a string) {
+	l := &e.lora
+	if l.max <= 0 {
+		return
+	}
+	if i := slices.Index(l.recent, a); i >= 0 {
+		copy(l.recent[1:i+1], l.recent[:i])
+		l.recent[0] = a
+		return
+	}
+	if len(l.recent) < l.max {
+		l.recent = append(l.recent, "")
+	}
+	copy(l.recent[1:], l.recent[:len(l.recent)-1])
+	l.recent[0] = a
 }
 
 // setLoRATiers fills the candidates' LoRATier for an adapter request, the
@@ -151,8 +188,10 @@ func (c *Core) noteAdapter(g *Grant, t *Ticket) {
 		g.LoRA = LoRAAny
 	}
 	g.ep.addAdapter(a, 1)
+	g.ep.sentAdapter(a)
 	if g.dec != nil {
 		g.dec.addAdapter(a, 1)
+		g.dec.sentAdapter(a)
 	}
 }
 
