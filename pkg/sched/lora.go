@@ -139,8 +139,8 @@ func (e *endpoint) sentAdapter(a string) {
 //
 // The balance guard keeps the tier from piling requests on one endpoint: a
 // candidate holding more than twice the fewest in-flight requests among
-// the fresh, not busy candidates, plus two, gets tier 2 whatever its
-// adapters.
+// the fresh, not busy candidates, plus 16 (balanced), gets tier 2 whatever
+// its adapters.
 // With the busy test, which still gates every queueing class, and
 // base-model requests going by load alone, an endpoint that adapter
 // requests crowd is one the base-model requests avoid, never one they
@@ -167,8 +167,15 @@ func (c *Core) setLoRATiers(t *Ticket, cands []Candidate) {
 
 // balanced is the most in-flight requests an endpoint may hold and keep
 // its LoRA tier, when the least loaded fresh, not busy candidate holds
-// least.
-func balanced(least int) int { return 2*least + 2 }
+// least: twice that plus loraSlack. An extra request on a busier endpoint
+// costs one more sequence in its batch; a load elsewhere stalls that
+// endpoint's whole batch and may evict an adapter in use soon, so only a
+// gross imbalance breaks the affinity.
+func balanced(least int) int { return 2*least + loraSlack }
+
+// loraSlack is the in-flight requests an endpoint may hold beyond twice
+// the least loaded's and keep its LoRA tier.
+const loraSlack = 16
 
 // noteAdapter records an adapter grant whose pick is c.cands[c.order[0]]:
 // its outcome (the pick's tier) for metrics, and the request in flight with

@@ -84,15 +84,19 @@ func TestLoRAOwnRequestsCount(t *testing.T) {
 	}
 }
 
-// TestLoRABalanceGuard: an endpoint holding more than twice the mean in
-// flight plus one loses its tier.
+// TestLoRABalanceGuard: an endpoint holding more than twice the least
+// loaded's in-flight requests plus 16 loses its tier.
 func TestLoRABalanceGuard(t *testing.T) {
 	c := newCore(t, byHeader(0, class("c", 1, 0)), Options{}, loraA, loraB)
 	loraScrape(c, loraA, []string{"x"}, 2)
-	loraScrape(c, loraB, nil, 2)
-	// A keeps its tier while it holds at most 2 × B's + 2; once B has a
-	// request of x, x runs on both and load decides.
-	for i, want := range []string{loraA, loraA, loraA, loraB, loraB} {
+	loraScrape(c, loraB, []string{"y", "z"}, 2) // no room for x
+	// A keeps its tier while it holds at most 2 × B's + 16 (B holds none).
+	want := make([]string, 17)
+	for i := range want {
+		want[i] = loraA
+	}
+	want = append(want, loraB)
+	for i, want := range want {
 		g := grantOne(t, c, 0, &Ticket{RawISL: 10, Model: "x"})
 		if g.Endpoints[0] != want {
 			_, onA := account(c, loraA)

@@ -7,6 +7,7 @@ const (
 	evScrape                // a server's metrics are scraped (idx: server)
 	evRetry                 // a request answered 429 is offered again (idx: request)
 	evDeadline              // a queued request's wait budget runs out
+	evTransfer              // a disaggregated request's KV cache reaches its decode server (idx: request)
 )
 
 // event is one future happening. Events of one instant are processed in

@@ -29,6 +29,13 @@ type Options struct {
 	// Progress, when set, is called now and then with the requests that
 	// have ended (answered or finished) and the total.
 	Progress func(done, total int)
+	// DisaggregateAboveUncachedTokens is the pool's disaggregation
+	// threshold (the picker's --disaggregate-above-uncached-tokens), for a
+	// fleet with prefill servers.
+	DisaggregateAboveUncachedTokens uint64
+	// NoLoRAAffinity turns off the picker's LoRA tier (--lora-affinity
+	// false): the baseline adapter placement.
+	NoLoRAAffinity bool
 }
 
 // DefaultPrefixCacheTTL is the picker's --prefix-cache-ttl default.
@@ -43,8 +50,11 @@ type Outcome struct {
 	// Start is when its engine admitted it to a running slot; First and
 	// End are the first and last token.
 	Start, First, End int64
-	// Server is the index of the server that served it, -1 for none.
-	Server int32
+	// Server is the index of the server that served it (decoded it, for
+	// a disaggregated request), -1 for none; Prefill the server that
+	// prefilled a disaggregated request, -1 otherwise.
+	Server  int32
+	Prefill int32
 	// Cached is the cost snapshot's cached tokens (SPEC §1), EngineCached
 	// what the server's prefix cache actually held.
 	Cached, EngineCached uint32
@@ -74,6 +84,8 @@ type Result struct {
 	Wall      time.Duration
 	// Instants counts the distinct virtual times the run processed.
 	Instants int64
+	// LoRALoads counts the adapter loads of every server's engine.
+	LoRALoads uint64
 }
 
 // Simulated requests whose ticket is in the core or whose grant is held by
@@ -86,7 +98,20 @@ type slot struct {
 	grant   *sched.Grant
 	blocks  []uint64 // the ticket's hashes
 	eblocks []uint64 // the engine's, when its block size differs
+	// A disaggregated request is prefilled on one server (stage
+	// stagePrefill), waits for its KV cache (stageTransfer), then decodes
+	// on dec (stageDecode); any other request is stageWhole.
+	stage uint8
+	dec   int32
 }
+
+// Stages of a slot's request.
+const (
+	stageWhole uint8 = iota
+	stagePrefill
+	stageTransfer
+	stageDecode
+)
 
 // server is one simulated server's state in a run.
 type server struct {
@@ -111,9 +136,12 @@ type run struct {
 	res     *Result
 	h       eventHeap
 	free    []*slot
-	evs     []engine.Event
-	touched []*server
-	done    int
+	// transfers are the disaggregated requests whose KV cache is on its
+	// way to their decode server, by request.
+	transfers map[int32]*slot
+	evs       []engine.Event
+	touched   []*server
+	done      int
 	// deadline is the pending NextDeadline event's time (-1 none).
 	deadline int64
 }
@@ -139,11 +167,14 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 		Prefix: &sched.PrefixOptions{BlockSize: bs, Index: affinity.IndexOptions{
 			TTL: ttl, DefaultCapacity: capacity,
 		}},
+		DisaggregateAboveUncachedTokens: opts.DisaggregateAboveUncachedTokens,
+		DisableLoRAAffinity:             opts.NoLoRAAffinity,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", p.Name, err)
 	}
-	r := &run{trace: t, pol: p, opts: opts, core: core, byAddr: map[string]int32{}, classes: map[string]uint16{}, deadline: -1}
+	r := &run{trace: t, pol: p, opts: opts, core: core, byAddr: map[string]int32{}, classes: map[string]uint16{}, deadline: -1,
+		transfers: map[int32]*slot{}}
 	r.res = &Result{Policy: p, Trace: t, Outcomes: make([]Outcome, len(t.Requests))}
 	for i := range p.Compiled.Classes {
 		name := core.ClassName(i)
@@ -151,7 +182,7 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 		r.res.Classes = append(r.res.Classes, name)
 	}
 	for i := range r.res.Outcomes {
-		r.res.Outcomes[i] = Outcome{Leave: -1, Start: -1, First: -1, End: -1, Server: -1}
+		r.res.Outcomes[i] = Outcome{Leave: -1, Start: -1, First: -1, End: -1, Server: -1, Prefill: -1}
 	}
 	var eps []sched.Endpoint
 	for i, s := range f.Servers {
@@ -164,7 +195,7 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 		}
 		r.servers = append(r.servers, &server{Server: s, idx: int32(i), eng: eng})
 		r.byAddr[s.Addr] = int32(i)
-		eps = append(eps, sched.Endpoint{Addr: s.Addr, MaxBatchedTokens: uint64(s.Engine.MaxNumBatchedTokens)})
+		eps = append(eps, sched.Endpoint{Addr: s.Addr, MaxBatchedTokens: uint64(s.Engine.MaxNumBatchedTokens), Role: s.Role})
 	}
 	t0 := t.Requests[t.byArrival[0]].Arrival
 	core.SetEndpoints(t0, eps)
@@ -179,6 +210,9 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 		}
 	}
 	r.loop()
+	for _, s := range r.servers {
+		r.res.LoRALoads += s.eng.Stats().LoRALoads
+	}
 	r.res.Wall = time.Since(start)
 	return r.res, nil
 }
@@ -246,6 +280,8 @@ func (r *run) loop() {
 				r.admit(t, ev.idx)
 			case evDeadline:
 				r.deadline = -1 // the Drain below sheds what expired
+			case evTransfer:
+				r.decode(t, ev.idx)
 			}
 		}
 		for next < len(arr) && reqs[arr[next]].Arrival == t {
@@ -305,7 +341,9 @@ func (r *run) admit(t int64, i int32) {
 	}
 	sl.idx = i
 	sl.grant = nil
+	sl.stage = stageWhole
 	sl.ticket = sched.Ticket{
+		Model:       q.Adapter,
 		ClassHeader: q.Class,
 		RawISL:      uint64(q.PromptTokens),
 		Priority:    q.Priority,
@@ -351,31 +389,59 @@ func (r *run) handleLeaves(t int64, leaves []sched.Leave) {
 		}
 		sl.grant = l.Grant
 		si := r.byAddr[l.Grant.Endpoints[0]]
-		s := r.servers[si]
 		o.Server = si
 		o.Cached = uint32(min(sl.ticket.Cached, math.MaxUint32))
 		q := &r.trace.Requests[sl.idx]
-		var hashes []uint64
-		if r.trace.cacheable && s.Engine.EnablePrefixCaching {
-			if s.Engine.BlockSize == sl.ticket.BlockSize {
-				hashes = sl.blocks
-			} else {
-				sl.eblocks = q.appendHashes(sl.eblocks[:0], s.Engine.BlockSize, uint64(sl.idx))
-				hashes = sl.eblocks
-			}
+		if l.Grant.Prefill != "" {
+			// Disaggregated: the decode server's sidecar prefills on the
+			// prefill server with max_tokens 1 first (decode, below).
+			pi := r.byAddr[l.Grant.Prefill]
+			o.Prefill = pi
+			sl.stage, sl.dec = stagePrefill, si
+			r.submit(t, sl, r.servers[pi], q, l.Grant, engine.Request{MaxTokens: 1})
+			continue
 		}
-		prio := 0
-		if s.Engine.SchedulingPolicy == engine.PolicyPriority && q.HasPriority {
-			if v, ok := policy.ForwardPriority(l.Grant.Engine, q.Priority); ok {
-				prio = int(v)
-			}
-		}
-		if _, err := s.eng.Submit(t, engine.Request{PromptTokens: q.PromptTokens, Hashes: hashes,
-			MaxTokens: q.OutputTokens, Priority: prio, Data: sl}); err != nil {
-			panic(fmt.Sprintf("simulate: request %d: %v (checkFits lets no such request through)", sl.idx, err))
-		}
-		r.touch(s)
+		r.submit(t, sl, r.servers[si], q, l.Grant, engine.Request{MaxTokens: q.OutputTokens})
 	}
+}
+
+// submit hands request q (its slot sl) to server s's engine at t, with
+// the prompt, its hashes for that engine and its forwarded priority
+// filled into req.
+func (r *run) submit(t int64, sl *slot, s *server, q *Request, g *sched.Grant, req engine.Request) {
+	if r.trace.cacheable && s.Engine.EnablePrefixCaching {
+		if s.Engine.BlockSize == sl.ticket.BlockSize {
+			req.Hashes = sl.blocks
+		} else {
+			sl.eblocks = q.appendHashes(sl.eblocks[:0], s.Engine.BlockSize, uint64(sl.idx))
+			req.Hashes = sl.eblocks
+		}
+	}
+	if s.Engine.SchedulingPolicy == engine.PolicyPriority && q.HasPriority {
+		if v, ok := policy.ForwardPriority(g.Engine, q.Priority); ok {
+			req.Priority = int(v)
+		}
+	}
+	req.PromptTokens, req.LoRA, req.Data = q.PromptTokens, q.Adapter, sl
+	if _, err := s.eng.Submit(t, req); err != nil {
+		panic(fmt.Sprintf("simulate: request %d: %v (checkFits lets no such request through)", sl.idx, err))
+	}
+	r.touch(s)
+}
+
+// decode is a disaggregated request's KV cache reaching its decode server
+// at t: the server decodes it with the whole prompt counted as cached.
+func (r *run) decode(t int64, i int32) {
+	sl := r.transfers[i]
+	delete(r.transfers, i)
+	s := r.servers[sl.dec]
+	// The server's step may end at t too: complete it before the Submit,
+	// as at every instant.
+	r.evs = s.eng.Advance(t, r.evs[:0])
+	r.engineEvents(t)
+	sl.stage = stageDecode
+	q := &r.trace.Requests[i]
+	r.submit(t, sl, s, q, sl.grant, engine.Request{MaxTokens: q.OutputTokens, TransferredTokens: q.PromptTokens})
 }
 
 // engineEvents applies the events in r.evs: first tokens and ends release
@@ -384,6 +450,13 @@ func (r *run) engineEvents(t int64) {
 	for _, ev := range r.evs {
 		sl := ev.Seq.Data.(*slot)
 		o := &r.res.Outcomes[sl.idx]
+		if sl.stage == stagePrefill {
+			r.prefillEvent(ev, sl, o)
+			continue
+		}
+		if sl.stage == stageDecode && ev.Kind == engine.Started {
+			continue // the prefill server's start and cache hit stand
+		}
 		c0 := time.Now()
 		switch ev.Kind {
 		case engine.Started:
@@ -405,6 +478,22 @@ func (r *run) engineEvents(t int64) {
 	}
 }
 
+// prefillEvent is an engine event of a disaggregated request on its
+// prefill server: its start and cache hit are the request's; its end
+// sends the KV cache on its way to the decode server, which has it after
+// that server's KV transfer time.
+func (r *run) prefillEvent(ev engine.Event, sl *slot, o *Outcome) {
+	switch ev.Kind {
+	case engine.Started:
+		o.Start = ev.At
+		o.EngineCached = uint32(ev.Seq.CachedTokens)
+	case engine.Done:
+		sl.stage = stageTransfer
+		r.transfers[sl.idx] = sl
+		r.h.push(event{at: ev.At + int64(r.servers[sl.dec].KVTransferTime), kind: evTransfer, idx: sl.idx})
+	}
+}
+
 // scrape hands the core one server's engine metrics, as a scrape would
 // read them from modelsim's /metrics page.
 func (r *run) scrape(s *server) {
@@ -413,6 +502,12 @@ func (r *run) scrape(s *server) {
 		Known:   podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks,
 		Waiting: st.Waiting, Running: st.Running, KVCacheUsage: st.KVUsage(),
 		BlockSize: s.Engine.BlockSize, NumBlocks: s.Engine.NumGPUBlocks,
+	}
+	if s.Engine.MaxLoRAs > 0 {
+		// modelsim exposes vllm:lora_requests_info only with --max-loras.
+		m.Known |= podmetrics.LoRA
+		m.LoRA.Running, m.LoRA.Waiting = s.eng.AdapterNames()
+		m.LoRA.MaxLoRA = s.Engine.MaxLoRAs
 	}
 	c0 := time.Now()
 	r.core.SetMetrics(s.Addr, m, false)
