@@ -42,6 +42,10 @@ type Spec struct {
 	// example one tenant each), released together and interleaved one
 	// request of each group in turn while it has any left.
 	Mix []Group
+	// RequestIDHeader, when set, names a header carrying each request's
+	// own id ("<label>-<n>", n from 0 within its group), which
+	// Completion.ID repeats: a test can then match what servers recorded.
+	RequestIDHeader string
 }
 
 // Group is one part of a Mix. Completion.Class is its Label.
@@ -55,7 +59,9 @@ type Group struct {
 
 // Completion is one finished request.
 type Completion struct {
-	Class  string
+	Class string
+	// ID is the request's id when Spec.RequestIDHeader is set.
+	ID     string
 	Status int
 	// At is the time from the start of the run to the end of the response.
 	At time.Duration
@@ -94,6 +100,7 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 	type job struct {
 		g    *Group
 		body []byte
+		id   string
 	}
 	stride := 0 // the longest prompt: prompts start stride token ids apart
 	for _, g := range s.Mix {
@@ -108,7 +115,7 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 				return nil, fmt.Errorf("workload: group %q needs PromptTokens > 0", g.Label)
 			}
 			if i < g.Count {
-				jobs = append(jobs, job{g, promptBodyAt(s.Model, s.Seed, len(jobs)*stride, g.PromptTokens)})
+				jobs = append(jobs, job{g, promptBodyAt(s.Model, s.Seed, len(jobs)*stride, g.PromptTokens), g.Label + "-" + strconv.Itoa(i)})
 				added = true
 			}
 		}
@@ -129,7 +136,7 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			<-gate
-			c := send(ctx, client, s, j.g, j.body)
+			c := send(ctx, client, s, j.g, j.body, j.id)
 			c.At = time.Since(start)
 			mu.Lock()
 			res.Completions = append(res.Completions, c)
@@ -172,8 +179,11 @@ func promptBodyAt(model string, seed, offset, tokens int) []byte {
 	return b.Bytes()
 }
 
-func send(ctx context.Context, client *http.Client, s Spec, g *Group, body []byte) Completion {
+func send(ctx context.Context, client *http.Client, s Spec, g *Group, body []byte, id string) Completion {
 	c := Completion{Class: g.Label}
+	if s.RequestIDHeader != "" {
+		c.ID = id
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL, bytes.NewReader(body))
 	if err != nil {
 		c.Err = err
@@ -182,6 +192,9 @@ func send(ctx context.Context, client *http.Client, s Spec, g *Group, body []byt
 	req.Header.Set("content-type", "application/json")
 	for k, v := range g.Headers {
 		req.Header.Set(k, v)
+	}
+	if c.ID != "" {
+		req.Header.Set(s.RequestIDHeader, c.ID)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
