@@ -11,6 +11,7 @@ import (
 
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/internal/testbed/modelsim"
+	"github.com/laneway-dev/laneway/internal/testbed/simulate/quality"
 	"github.com/laneway-dev/laneway/internal/testbed/workload"
 )
 
@@ -126,5 +127,26 @@ func TestDisaggregatedWeightedShare(t *testing.T) {
 	}
 	if n := p.Metrics.Value(t, "laneway_pd_decisions_total", "decision", "disaggregated"); n != 640 {
 		t.Errorf("laneway_pd_decisions_total{decision=disaggregated} = %v, want 640", n)
+	}
+}
+
+// TestLoRAAffinitySmoke is a short run of make bench-quality's LoRA
+// scenario through the real processes (8 adapters over 4 modelsim
+// servers of 2 adapter slots, a closed loop): with the picker's adapter
+// affinity the servers load adapters at most a third as often as under
+// the least-loaded picker, and serve no slower.
+func TestLoRAAffinitySmoke(t *testing.T) {
+	launch.CheckGoroutines(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	f, err := quality.RunLoRA(ctx, bins, t.TempDir(), 600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	quality.WriteLoRA(&b, f)
+	t.Log(b.String())
+	for _, m := range f.Misses() {
+		t.Error(m)
 	}
 }

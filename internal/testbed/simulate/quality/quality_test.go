@@ -67,15 +67,31 @@ func TestBenchQuality(t *testing.T) {
 			t.Errorf("%d of %d requests completed", f.Total.Completed, f.Requests)
 		}
 	})
-	t.Run("both ways", func(t *testing.T) {
-		bins := os.Getenv("LANEWAY_BIN")
-		if bins == "" {
-			dir := t.TempDir()
+	built := os.Getenv("LANEWAY_BIN")
+	binDir := func(t *testing.T) string {
+		if built == "" { // built once for every real-process scenario
+			dir := filepath.Join(out, "bin")
 			if _, err := launch.Build(dir, false, launch.CmdModelsim, launch.CmdEpp, launch.CmdGateway); err != nil {
 				t.Fatal(err)
 			}
-			bins = dir
+			built = dir
 		}
+		return built
+	}
+	t.Run("lora", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		f, err := RunLoRA(ctx, launch.InDir(binDir(t)), filepath.Join(out, "lora"), LoRARequests)
+		if err != nil {
+			t.Fatal(err)
+		}
+		WriteLoRA(w, f)
+		for _, m := range f.Misses() {
+			t.Error(m)
+		}
+	})
+	t.Run("both ways", func(t *testing.T) {
+		bins := binDir(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		f, err := RunTwoWay(ctx, bins, filepath.Join(out, "both-ways"))
