@@ -55,7 +55,7 @@ bench: ## Run every benchmark once with allocation figures.
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
 .PHONY: bench-quality
-bench-quality: build ## The scheduling-quality benchmark (minutes; not in make test): overload, tenants and scale scenarios of laneway simulate, and one overload run both ways (real processes and simulated). Report in out/bench-quality.
+bench-quality: build ## The scheduling-quality benchmark (minutes; not in make test): overload, tenants and scale scenarios of laneway simulate, one overload run both ways (real processes and simulated), and the public traces (../shared/traces, or LANEWAY_TRACES) simulated and one of them both ways. Report in out/bench-quality.
 	LANEWAY_BENCH_QUALITY=1 LANEWAY_BIN=$(BIN) LANEWAY_BENCH_OUT=$(CURDIR)/out/bench-quality \
 	  $(GO) test -count=1 -timeout 30m -run '^TestBenchQuality$$' -v ./internal/testbed/simulate/quality/
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -368,6 +369,52 @@ func TestSimulate(t *testing.T) {
 	}
 }
 
+// TestSimulateMooncake replays the committed Mooncake excerpt through the
+// command with its trace flags: recognised by its fields, twice as fast,
+// the first 6 requests, two classes by length, prefix caching on; the
+// summary reports the engines' prefix hits.
+func TestSimulateMooncake(t *testing.T) {
+	out := t.TempDir()
+	code, stdout, stderr := runCLI("simulate", "--trace", "../../internal/testbed/simulate/testdata/mooncake_excerpt.jsonl",
+		"--trace-block-size", "512", "--time-scale", "0.5", "--limit", "6", "--assign-class", "length:short<3000,long",
+		"--policy", "none", "--policy", "round-robin", "--servers", "2", "--no-plots", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"short", "long", "round-robin"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("table lacks %q:\n%s", want, stdout)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(out, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum struct {
+		Trace struct {
+			Source   string  `json:"source"`
+			Requests int     `json:"requests"`
+			SpanS    float64 `json:"span_s"`
+		} `json:"trace"`
+		Policies []struct {
+			Policy        string  `json:"policy"`
+			PrefixHitRate float64 `json:"prefix_hit_rate"`
+		} `json:"policies"`
+	}
+	if err := json.Unmarshal(b, &sum); err != nil {
+		t.Fatal(err)
+	}
+	// Arrivals 0, 9, 12, 21, 48, 48 s at half the time: the last at 24 s.
+	if sum.Trace.Requests != 6 || sum.Trace.SpanS != 24 || !strings.HasSuffix(sum.Trace.Source, "(time ×0.5, 6 of 8 requests)") {
+		t.Fatalf("trace %+v", sum.Trace)
+	}
+	for _, p := range sum.Policies {
+		if p.PrefixHitRate <= 0 {
+			t.Errorf("%s: prefix hit rate %v, want > 0 (every prompt starts with id 0)", p.Policy, p.PrefixHitRate)
+		}
+	}
+}
+
 func TestSimulateUsage(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -382,6 +429,8 @@ func TestSimulateUsage(t *testing.T) {
 		{"stray argument", []string{"simulate", "--generate", "x", "extra"}, 2, "", `unexpected argument "extra"`},
 		{"help", []string{"simulate", "--help"}, 0, "SPEC is one or more streams", ""},
 		{"bad spec", []string{"simulate", "--generate", "prompt=1", "--out", t.TempDir()}, 1, "", "arrival=poisson needs rate=R"},
+		{"bad trace format", []string{"simulate", "--trace", "x.jsonl", "--trace-format", "csv", "--out", t.TempDir()}, 1, "", `--trace-format "csv"`},
+		{"bad time scale", []string{"simulate", "--generate", "prompt=1,arrival=once,count=1", "--time-scale", "0"}, 2, "", `invalid argument "0" for "--time-scale" flag: want a positive number`},
 		{"missing policy", []string{"simulate", "--generate", "prompt=1,arrival=once,count=1", "--policy", "nope.yaml", "--out", t.TempDir()}, 1, "", "nope.yaml"},
 	}
 	for _, tt := range tests {

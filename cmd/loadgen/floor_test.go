@@ -24,19 +24,23 @@ func TestSpawnFloor(t *testing.T) {
 	spawnedEndpoint = "127.0.0.7:8000"
 	for _, secure := range []bool{false, true} {
 		t.Run(map[bool]string{false: "cleartext", true: "tls"}[secure], func(t *testing.T) {
-			f := &flags{tls: secure, conns: 1, warmup: 200 * time.Millisecond, tokens: 64, mode: "open", client: "h2"}
+			f := &flags{tls: secure, conns: 1, warmup: 200 * time.Millisecond, tokens: 64, mode: "open", client: "h2", phases: true}
 			ctx := context.Background()
 			p, stop, err := spawnFloor(ctx, f)
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := p.run(ctx, f, load.Config{Rate: 200, Hold: 10 * time.Millisecond, Duration: 250 * time.Millisecond, PromptTokens: 64})
-			stop()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Routed != 50 || res.Errors != 0 || !res.HasPickerCPU || res.PickerCPU <= 0 {
-				t.Fatalf("result %+v, want 50 routed and the floor's CPU sampled", res)
+			defer stop()
+			// With the response phases, and header-only (--response-phases=false):
+			// each stream then ends with the answer, whatever the hold.
+			for _, headerOnly := range []bool{false, true} {
+				res, err := p.run(ctx, f, load.Config{Rate: 200, Hold: 10 * time.Millisecond, Duration: 250 * time.Millisecond, PromptTokens: 64, HeaderOnly: headerOnly})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Routed != 50 || res.Errors != 0 || !res.HasPickerCPU || res.PickerCPU <= 0 || res.HeaderOnly != headerOnly {
+					t.Fatalf("header-only %t: result %+v, want 50 routed and the floor's CPU sampled", headerOnly, res)
+				}
 			}
 		})
 	}

@@ -10,12 +10,19 @@
 //	loadgen --spawn --mode closed --concurrency 1,100,1000        # closed loop, N streams
 //	loadgen --epp 127.0.0.1:9002 --tls --epp-metrics 127.0.0.1:9090 --rate 3000
 //	loadgen --soak --tls --rate 500 --duration 30m                # soak (make soak)
+//	loadgen --spawn --response-phases=false --rate 1000           # a gateway that sends no response phase
+//	loadgen --trace mooncake.jsonl --duration 3m --servers 2 --spawn # a trace through real processes
 //
 // With --spawn it builds (or takes --epp-bin) and starts the picker itself
 // on free loopback ports, with no policy and one dummy endpoint that serves
 // an idle vLLM /metrics page: the synthetic default class has no busy
 // threshold and the endpoint is idle, so every request is an idle-endpoint
 // decision.
+//
+// With --trace it replays a recorded trace through real processes instead
+// (replay.go): the local gateway, the picker and modelsim servers, open
+// loop, with `laneway simulate`'s trace, fleet and policy flags, writing
+// the simulator's outputs, so the two compare line for line.
 //
 // With --soak it runs the long leak hunt of `make soak` instead (soak.go):
 // the picker with an endpoints file and a policy file that keep changing,
@@ -66,16 +73,18 @@ type flags struct {
 	eppPID      int
 	warmup      time.Duration
 	jsonOut     bool
-	trace       string
+	latencyLog  string
 	client      string
 	cpuProfile  string
 	procs       int
 	eppProcs    int
 	floor       bool
+	phases      bool
 }
 
 func main() {
 	maybeServeFloor()
+	maybeReplay()
 	var f flags
 	fs := pflag.NewFlagSet("loadgen", pflag.ExitOnError)
 	fs.StringVar(&f.epp, "epp", "", "ext_proc address of the picker (host:port); not with --spawn")
@@ -95,7 +104,7 @@ func main() {
 	fs.IntVar(&f.eppPID, "epp-pid", 0, "picker process id to read CPU time from /proc")
 	fs.DurationVar(&f.warmup, "warmup", time.Second, "closed-loop warm-up (8 streams) before measuring; 0 skips")
 	fs.BoolVar(&f.jsonOut, "json", false, "print each result as one JSON line")
-	fs.StringVar(&f.trace, "trace", "", "write every request's start time and decision latency to this file")
+	fs.StringVar(&f.latencyLog, "latency-log", "", "write every request's start time and decision latency to this file")
 	lw.register(fs)
 	sk.register(fs)
 	fs.BoolVar(&f.floor, "compare-floor", false,
@@ -104,6 +113,9 @@ func main() {
 	fs.IntVar(&f.procs, "procs", 1, "GOMAXPROCS of the load tool itself; 1 keeps its Go scheduler from spinning on the cores the picker needs (0: Go's default)")
 	fs.IntVar(&f.eppProcs, "epp-gomaxprocs", 0, "with --spawn: GOMAXPROCS of the spawned picker(s), as a container CPU limit would set it (0: the picker's default, one per core)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write the load tool's own CPU profile to this file (to keep the tool out of the tail it measures)")
+	fs.BoolVar(&f.phases, "response-phases", true,
+		"play the response phases after the hold; false plays a gateway that sends none (Envoy with the response phases skipped): "+
+			"each stream half-closes after the request and ends with the picker's answer, so --hold does not apply")
 	fs.StringVar(&f.client, "client", "h2", "open loop: h2 (event-driven HTTP/2 gateway, few goroutines, as Envoy is) or grpc (a grpc-go stream and goroutine per request)")
 	_ = fs.Parse(os.Args[1:])
 	if !fs.Changed("hold") && f.mode == "closed" {
@@ -190,16 +202,17 @@ func run(ctx context.Context, f *flags) error {
 	}
 	defer closeConns()
 
-	if f.trace != "" {
-		tf, err := os.Create(f.trace)
+	if f.latencyLog != "" {
+		tf, err := os.Create(f.latencyLog)
 		if err != nil {
-			return fmt.Errorf("--trace: %w", err)
+			return fmt.Errorf("--latency-log: %w", err)
 		}
 		defer tf.Close()
 		lane.r.Trace = tf
 	}
 
-	cfg := load.Config{Rate: f.rate, Hold: f.hold, Duration: f.duration, ConcurrencyCap: f.capN, PromptTokens: f.tokens}
+	cfg := load.Config{Rate: f.rate, Hold: f.hold, Duration: f.duration, ConcurrencyCap: f.capN, PromptTokens: f.tokens,
+		HeaderOnly: !f.phases}
 	if lw.compare || f.floor {
 		return compare(ctx, f, lane, cfg, levels)
 	}
@@ -249,10 +262,10 @@ func connect(ctx context.Context, f *flags, name, label, addr string, cpu load.C
 			return nil, nil, fmt.Errorf("dial %s %s: %w", name, addr, err)
 		}
 		conns = append(conns, conn)
-		r.Clients = append(r.Clients, extprocclient.New(conn, extprocclient.Options{}))
+		r.Clients = append(r.Clients, extprocclient.New(conn, extprocclient.Options{Shape: f.shape()}))
 	}
 	if f.warmup > 0 {
-		res, err := r.RunClosed(ctx, load.Config{Concurrency: 8, Duration: f.warmup, PromptTokens: f.tokens})
+		res, err := r.RunClosed(ctx, load.Config{Concurrency: 8, Duration: f.warmup, PromptTokens: f.tokens, HeaderOnly: !f.phases})
 		if err == nil && res.Routed == 0 {
 			err = fmt.Errorf("routed nothing: %s", res.String())
 		}
@@ -262,6 +275,15 @@ func connect(ctx context.Context, f *flags, name, label, addr string, cpu load.C
 		}
 	}
 	return &picker{name: name, label: label, r: r, addr: addr}, closeAll, nil
+}
+
+// shape is the gateway the gRPC clients play: Envoy with every phase, or
+// with the response phases skipped (--response-phases=false).
+func (f *flags) shape() extprocclient.Shape {
+	if f.phases {
+		return extprocclient.Envoy
+	}
+	return extprocclient.EnvoySkip
 }
 
 // runConfigs is the mode's runs: one open loop, or one closed loop per
@@ -322,8 +344,8 @@ func report(f *flags, p *picker, res *load.Result) error {
 	if p.label != "" {
 		picker = "picker=" + p.label + " "
 	}
-	fmt.Printf("[%sclient=%s tls=%v conns=%d prompt_tokens=%d load_gomaxprocs=%d epp_gomaxprocs=%s]\n%s\n",
-		picker, client, f.tls, f.conns, f.tokens, runtime.GOMAXPROCS(0), eppProcsLabel(f), res.String())
+	fmt.Printf("[%sclient=%s tls=%v conns=%d prompt_tokens=%d response_phases=%v load_gomaxprocs=%d epp_gomaxprocs=%s]\n%s\n",
+		picker, client, f.tls, f.conns, f.tokens, f.phases, runtime.GOMAXPROCS(0), eppProcsLabel(f), res.String())
 	return nil
 }
 

@@ -171,7 +171,7 @@ func runSoak(ctx context.Context, f *flags) error {
 		return err
 	}
 	f.spawn = true // the soak always starts its own picker
-	cfg := load.SoakConfig{Rate: f.rate, Hold: f.hold, Duration: f.duration, PromptTokens: f.tokens,
+	cfg := load.SoakConfig{Rate: f.rate, Hold: f.hold, Duration: f.duration, PromptTokens: f.tokens, HeaderOnly: !f.phases,
 		SharedPromptTokens: sk.sharedTokens, SampleEvery: sk.sampleEvery, Settle: sk.settle}
 	if err := cfg.Validate(); err != nil {
 		return err

@@ -43,7 +43,7 @@ func (d *Dispatcher) SetEndpoints(eps []sched.Endpoint) {
 // (sched.Core.SetMetrics); it implements podmetrics.Sink.
 func (d *Dispatcher) SetEndpointMetrics(addr string, m podmetrics.Metrics, stale bool) {
 	d.send(command{scrape: func() bool {
-		changed := d.core.SetMetrics(addr, m, stale)
+		changed := d.core.SetMetrics(d.now(), addr, m, stale)
 		d.publishBlockSize() // the engine's block size may have come with it
 		return changed
 	}})

@@ -227,6 +227,7 @@ func TestStaleAndUnseenLoadHoldRequests(t *testing.T) {
 	if e := snap.Endpoints[0]; e.UnseenWaiting != 0 {
 		t.Fatalf("our in-flight request counted as unseen: %+v", e)
 	}
+	r.g.FirstByte() // it finished: its first byte was reported
 	r.g.Done()
 	d.SetEndpointMetrics(ep, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running, Waiting: 1}, false)
 	snap, _ = d.Snapshot()

@@ -333,12 +333,20 @@ var (
 		[]string{"endpoint"}, nil)
 	indexTokensDesc = prometheus.NewDesc("laneway_endpoint_prefix_index_tokens",
 		"Prompt tokens the prefix index expects an endpoint to have cached.", []string{"endpoint"}, nil)
+	awaitingDesc = prometheus.NewDesc("laneway_endpoint_awaiting_engine_grants",
+		"Grants whose stream ended before a first response byte was reported (a gateway without response phases) and whose prefill the engine's counters have not confirmed yet: still charged to the endpoint's active prefill.",
+		[]string{"endpoint"}, nil)
+	prefillRateDesc = prometheus.NewDesc("laneway_endpoint_prefill_rate_tokens_per_second",
+		"The endpoint's prefill rate learned from its engine's prompt-token counter (0 until learned).",
+		[]string{"endpoint"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *intelCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- unseenDesc
 	ch <- indexTokensDesc
+	ch <- awaitingDesc
+	ch <- prefillRateDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -350,5 +358,7 @@ func (c *intelCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, e := range s.Endpoints {
 		ch <- prometheus.MustNewConstMetric(unseenDesc, prometheus.GaugeValue, float64(e.UnseenWaiting), e.Addr)
 		ch <- prometheus.MustNewConstMetric(indexTokensDesc, prometheus.GaugeValue, float64(e.IndexTokens), e.Addr)
+		ch <- prometheus.MustNewConstMetric(awaitingDesc, prometheus.GaugeValue, float64(e.AwaitingEngine), e.Addr)
+		ch <- prometheus.MustNewConstMetric(prefillRateDesc, prometheus.GaugeValue, e.PrefillRate, e.Addr)
 	}
 }

@@ -74,6 +74,11 @@ type EndpointStatus struct {
 	EngineWaiting       int    `json:"engine_waiting"`
 	UnseenWaiting       int    `json:"unseen_waiting"`
 	MaxBatchedTokens    uint64 `json:"max_batched_tokens"`
+	// AwaitingEngine is grants whose stream ended before a first byte and
+	// whose prefill the engine has not confirmed; PrefillRate the rate
+	// learned from the engine's prompt-token counter (tokens/s, 0 unknown).
+	AwaitingEngine int     `json:"awaiting_engine"`
+	PrefillRate    float64 `json:"prefill_rate_tokens_per_second"`
 }
 
 // Source is the dispatcher as the page reads it.
@@ -116,6 +121,7 @@ func Build(src Source, t *Tracker) (Page, bool) {
 		p.Endpoints = append(p.Endpoints, EndpointStatus{
 			Addr: e.Addr, ActivePrefillTokens: e.ActivePrefill, InFlight: e.InFlight, Busy: e.Busy, Stale: e.Stale,
 			Tainted: e.Tainted, EngineWaiting: e.EngineWaiting, UnseenWaiting: e.UnseenWaiting, MaxBatchedTokens: e.MaxBatchedTokens,
+			AwaitingEngine: e.AwaitingEngine, PrefillRate: e.PrefillRate,
 		})
 	}
 	return p, true

@@ -42,7 +42,7 @@ func Render(w io.Writer, p *Page) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "%-26s %10s %8s %-12s %8s %8s\n", "endpoint", "prefill", "inflight", "state", "waiting", "unseen")
+	fmt.Fprintf(w, "%-26s %10s %8s %-12s %8s %8s %8s %10s\n", "endpoint", "prefill", "inflight", "state", "waiting", "unseen", "awaiting", "rate/s")
 	for _, e := range p.Endpoints {
 		state := "ok"
 		switch {
@@ -55,7 +55,8 @@ func Render(w io.Writer, p *Page) {
 		case e.Busy:
 			state = "busy"
 		}
-		fmt.Fprintf(w, "%-26s %10s %8d %-12s %8d %8d\n", clip(e.Addr, 26), human(e.ActivePrefillTokens), e.InFlight, state, e.EngineWaiting, e.UnseenWaiting)
+		fmt.Fprintf(w, "%-26s %10s %8d %-12s %8d %8d %8d %10s\n", clip(e.Addr, 26), human(e.ActivePrefillTokens), e.InFlight, state,
+			e.EngineWaiting, e.UnseenWaiting, e.AwaitingEngine, human(uint64(e.PrefillRate)))
 	}
 }
 

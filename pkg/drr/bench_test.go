@@ -79,7 +79,7 @@ func (q *benchQueue) request() Request {
 func (q *benchQueue) offer(r Request) *Item {
 	q.arrival += 1000
 	r.Arrival = q.arrival
-	it, err := q.s.Offer(r, 1, true)
+	it, err := q.s.Offer(r, Tenant{}, 1, true)
 	if err != nil || it == nil {
 		panic(fmt.Sprintf("benchmark offer: %v, %v", it, err))
 	}
@@ -207,7 +207,7 @@ func BenchmarkOffer(b *testing.B) {
 				items = items[:0]
 				b.StartTimer()
 				for j := 0; j < n; j++ {
-					it, _ := q.s.Offer(reqs[j], 1, true)
+					it, _ := q.s.Offer(reqs[j], Tenant{}, 1, true)
 					items = append(items, it)
 				}
 				i += n
@@ -309,7 +309,7 @@ func BenchmarkTenantPop(b *testing.B) {
 			offer := func(name string) {
 				arrival++
 				r := Request{Pinned: NoEndpoint, RawISL: 1 + rng.Uint64N(1024), Arrival: arrival, Payload: name}
-				if _, err := s.OfferTenant(r, Tenant{Name: name, Weight: 1 + uint64(len(name)%3)}, 1, true); err != nil {
+				if _, err := s.Offer(r, Tenant{Name: name, Weight: 1 + uint64(len(name)%3)}, 1, true); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -359,7 +359,7 @@ func BenchmarkTenantChurn(b *testing.B) {
 	offer := func(name string) {
 		arrival++
 		r := Request{Pinned: NoEndpoint, RawISL: 256, Arrival: arrival, Payload: name}
-		if _, err := s.OfferTenant(r, Tenant{Name: name, Weight: 1}, 1, true); err != nil {
+		if _, err := s.Offer(r, Tenant{Name: name, Weight: 1}, 1, true); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -399,7 +399,7 @@ func BenchmarkMemoryPerTenant(b *testing.B) {
 		runtime.GC()
 		runtime.ReadMemStats(&m0)
 		for i := range n {
-			if _, err := s.OfferTenant(Request{Pinned: NoEndpoint, RawISL: 100, Arrival: int64(i)}, Tenant{Name: names[i%tenants]}, 1, true); err != nil {
+			if _, err := s.Offer(Request{Pinned: NoEndpoint, RawISL: 100, Arrival: int64(i)}, Tenant{Name: names[i%tenants]}, 1, true); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -26,9 +26,17 @@
 // serve (FuzzTenantDRR checks it against one). A tenant with nothing queued
 // holds no state. tenant.go explains how the tenant ring is kept as a heap.
 //
+// Heaps: the lanes, the candidate indexes and the tenant rings are
+// pkg/iheap heaps (generic, so nothing is boxed and Pop does not allocate;
+// intrusive, so Remove and a changed head cost O(log n) through the
+// position each item, lane and tenant keeps). Each entry carries a 64-bit
+// prefix of its order (hotKey, the head's hotKey, tenKey), compared
+// without touching the items; the full order breaks equal prefixes.
+// TestHeapConformance runs iheap's conformance suite against all three.
+//
 // Complexity: Offer and Remove O(log n); Pop O(C + L log L + log T) for C
 // classes, L lanes probed and T backlogged tenants of the dispatching
 // class, independent of request cost and quantum (oversized heads get bulk
 // virtual rounds rather than one scan per round). An active tenant costs
-// about 230 bytes beyond its requests (BenchmarkMemoryPerTenant).
+// about 245 bytes beyond its requests (BenchmarkMemoryPerTenant).
 package drr

@@ -239,7 +239,7 @@ func (w *fzWorld) offer(r *fzReader) {
 			}
 		}
 	}
-	it, err := s.OfferTenant(req, Tenant{Name: fr.tenant, Weight: uint64(len(fr.tenant) + int(r.next()%3))}, endpoints, allBusy)
+	it, err := s.Offer(req, Tenant{Name: fr.tenant, Weight: uint64(len(fr.tenant) + int(r.next()%3))}, endpoints, allBusy)
 	switch {
 	case direct:
 		if it != nil || err != nil {
@@ -441,7 +441,7 @@ func (w *fzWorld) rotate(k int) {
 	for i, c := range w.cfgs {
 		cfgs[(i+k)%nc] = c
 	}
-	if err := w.s.SetClasses(cfgs, func(it *Item) int { return (int(it.Class) + k) % nc }); err != nil {
+	if err := w.s.SetClasses(cfgs, func(it *Item) (int, Tenant) { return (int(it.Class) + k) % nc, it.Tenant() }); err != nil {
 		w.t.Fatalf("SetClasses: %v", err)
 	}
 	after := deficits(w.s)

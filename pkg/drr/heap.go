@@ -3,21 +3,23 @@ package drr
 import (
 	"math"
 	"math/bits"
+
+	"github.com/laneway-dev/laneway/pkg/iheap"
 )
 
-// The heaps are written by hand: container/heap would box every push and
-// pop through an interface, and the hot path of Pop must not allocate.
+// The package's three heaps (the items of a lane, the candidate index of a
+// class, the tenant ring of a tenant-fair class) are iheap.Heaps: generic,
+// so no push or pop boxes through an interface (container/heap would, and
+// the hot path of Pop must not allocate), and intrusive: items, lanes and
+// tenants keep their position (idx, hidx, tidx), which the heap stores
+// directly, for Remove and a changed head.
 //
-// A heap slot carries a 64-bit prefix of its item's order key next to the
-// pointer, so most comparisons read only the slice and never touch the
-// items: with 100k queued requests, chasing two item pointers per level of
-// a sift is what costs (cache misses), not the comparison itself.
-
-// slot is one heap entry: the item and its key prefix (see hotKey).
-type slot struct {
-	hot uint64
-	it  *Item
-}
+// Every heap entry carries a 64-bit prefix of its item's order key next to
+// the pointer, so most comparisons read only the entry array and never
+// touch the items: with 100k queued requests, chasing two item pointers
+// per level of a sift is what costs (cache misses), not the comparison
+// itself. The full order (before, candLess, tenLess) is consulted on equal
+// prefixes only.
 
 // hotKey returns a prefix of the order key: hotKey(a) < hotKey(b) implies
 // a goes before b, and equal prefixes fall back to the full comparison. It
@@ -50,19 +52,11 @@ func hotKey(it *Item) uint64 {
 	return hot | v>>5
 }
 
-// ahead reports whether slot a goes before slot b.
-func ahead(a, b *slot) bool {
-	if a.hot != b.hot {
-		return a.hot < b.hot
-	}
-	return before(a.it, b.it)
-}
-
-// lane is one ordered heap of a class: its shared heap, or the exact lane
-// of one pinned endpoint.
+// lane is one ordered heap of a class: its shared heap, a tenant's
+// sub-queue, or the exact lane of one pinned endpoint.
 type lane struct {
-	items []slot
-	cls   *class
+	h   iheap.Heap[*Item]
+	cls *class
 	// ep is the endpoint of an exact lane; nil for the shared heap.
 	ep *epState
 	// hidx is the lane's position in cls.cand, or -1 when it is not there
@@ -85,164 +79,54 @@ type epState struct {
 	parked []*lane
 }
 
+// newItemHeap returns an empty heap of items by hotKey, then before. Each
+// item keeps its position in idx (push hands the heap &it.idx).
+func newItemHeap() iheap.Heap[*Item] { return iheap.New(before) }
+
 // verdictCached reports whether the lane holds a Ready verdict taken since
 // the last EndpointChanged of its endpoint.
 func (l *lane) verdictCached() bool { return l.ready && l.readyGen == l.ep.gen }
 
+// len returns the number of items in the lane.
+func (l *lane) len() int { return l.h.Len() }
+
 // head returns the first item of a non-empty lane.
-func (l *lane) head() *Item { return l.items[0].it }
+func (l *lane) head() *Item { return l.h.At(0) }
+
+// appendItems appends the lane's items to out, in heap order.
+func (l *lane) appendItems(out []*Item) []*Item {
+	for i := range l.h.Len() {
+		out = append(out, l.h.At(i))
+	}
+	return out
+}
 
 func (l *lane) push(it *Item) {
 	it.home = l
-	it.idx = int32(len(l.items))
-	l.items = append(l.items, slot{hot: hotKey(it), it: it})
-	l.up(len(l.items) - 1)
+	l.h.Push(hotKey(it), it, &it.idx)
 }
 
 // removeAt takes the item at position i out of the heap.
 func (l *lane) removeAt(i int) {
-	n := len(l.items) - 1
-	if i != n {
-		l.swap(i, n)
-	}
-	l.items[n] = slot{} // let the item go
-	l.items = l.items[:n]
-	if i != n {
-		if !l.down(i) {
-			l.up(i)
-		}
-	}
-	// Give back the memory of a burst once the heap is mostly empty; the
-	// copy is amortised over the removals that emptied it.
-	if c := cap(l.items); c > shrinkMinCap && n < c/4 {
-		l.items = append(make([]slot, 0, 2*n), l.items...)
-	}
+	l.h.Remove(i)
+	// Give back the memory of a burst once the heap is mostly empty.
+	l.h.Compact(shrinkMinCap)
 }
 
 // shrinkMinCap is the heap capacity below which a heap never shrinks.
 const shrinkMinCap = 1024
 
-func (l *lane) swap(i, j int) {
-	h := l.items
-	h[i], h[j] = h[j], h[i]
-	h[i].it.idx = int32(i)
-	h[j].it.idx = int32(j)
-}
-
-func (l *lane) up(j int) {
-	h := l.items
-	for j > 0 {
-		i := (j - 1) / 2
-		if !ahead(&h[j], &h[i]) {
-			break
-		}
-		l.swap(i, j)
-		j = i
-	}
-}
-
-// down sifts position i0 down and reports whether it moved.
-func (l *lane) down(i0 int) bool {
-	h := l.items
-	n := len(h)
-	i := i0
-	for {
-		j := 2*i + 1
-		if j >= n || j < 0 {
-			break
-		}
-		if r := j + 1; r < n && ahead(&h[r], &h[j]) {
-			j = r
-		}
-		if !ahead(&h[j], &h[i]) {
-			break
-		}
-		l.swap(i, j)
-		i = j
-	}
-	return i > i0
-}
-
 // The candidate index of a class: a heap of its exact lanes that are not
-// known to be blocked, ordered by their heads. Each entry repeats its
-// head's key prefix so that sifts rarely dereference lanes.
+// known to be blocked, ordered by their heads. Each entry's key is its
+// head's key prefix, so that sifts rarely dereference lanes.
 
-// candSlot is one entry of a candidate index.
-type candSlot struct {
-	hot uint64 // l's head slot's hot key
-	l   *lane
-}
+func newCandHeap() iheap.Heap[*lane] { return iheap.New(candLess) }
 
-func candAhead(a, b *candSlot) bool {
-	if a.hot != b.hot {
-		return a.hot < b.hot
-	}
-	return before(a.l.items[0].it, b.l.items[0].it)
-}
+func candLess(a, b *lane) bool { return before(a.head(), b.head()) }
 
-func (c *class) candPush(l *lane) {
-	l.hidx = int32(len(c.cand))
-	c.cand = append(c.cand, candSlot{hot: l.items[0].hot, l: l})
-	c.candUp(len(c.cand) - 1)
-}
+func (c *class) candPush(l *lane) { c.cand.Push(l.h.Key(0), l, &l.hidx) }
 
-func (c *class) candRemoveAt(i int) {
-	n := len(c.cand) - 1
-	if i != n {
-		c.candSwap(i, n)
-	}
-	c.cand[n].l.hidx = -1
-	c.cand[n] = candSlot{}
-	c.cand = c.cand[:n]
-	if i != n {
-		c.candFix(i)
-	}
-}
+func (c *class) candRemoveAt(i int) { c.cand.Remove(i) }
 
 // candFix restores the index after the head of the lane at i changed.
-func (c *class) candFix(i int) {
-	c.cand[i].hot = c.cand[i].l.items[0].hot
-	if !c.candDown(i) {
-		c.candUp(i)
-	}
-}
-
-func (c *class) candSwap(i, j int) {
-	h := c.cand
-	h[i], h[j] = h[j], h[i]
-	h[i].l.hidx = int32(i)
-	h[j].l.hidx = int32(j)
-}
-
-func (c *class) candUp(j int) {
-	h := c.cand
-	for j > 0 {
-		i := (j - 1) / 2
-		if !candAhead(&h[j], &h[i]) {
-			break
-		}
-		c.candSwap(i, j)
-		j = i
-	}
-}
-
-func (c *class) candDown(i0 int) bool {
-	h := c.cand
-	n := len(h)
-	i := i0
-	for {
-		j := 2*i + 1
-		if j >= n || j < 0 {
-			break
-		}
-		if r := j + 1; r < n && candAhead(&h[r], &h[j]) {
-			j = r
-		}
-		if !candAhead(&h[j], &h[i]) {
-			break
-		}
-		c.candSwap(i, j)
-		i = j
-	}
-	return i > i0
-}
+func (c *class) candFix(i int) { c.cand.Fix(i, c.cand.At(i).h.Key(0)) }

@@ -34,7 +34,7 @@ func enqueue(t testing.TB, s *Scheduler, r Request) *Item {
 	if r.Pinned == 0 {
 		r.Pinned = NoEndpoint
 	}
-	it, err := s.Offer(r, 1, true)
+	it, err := s.Offer(r, Tenant{}, 1, true)
 	if err != nil || it == nil {
 		t.Fatalf("Offer(%+v) = %v, %v; want a queued item", r, it, err)
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+
+	"github.com/laneway-dev/laneway/pkg/iheap"
 )
 
 // class is one physical policy class: its lanes, DRR deficit, pending sums
@@ -17,7 +19,7 @@ type class struct {
 	shared lane
 	lanes  map[EndpointID]*lane
 	// cand indexes the exact lanes not known to be blocked, by head.
-	cand []candSlot
+	cand iheap.Heap[*lane]
 
 	n      uint64 // queued requests
 	raw    sum128 // queued raw prompt tokens
@@ -32,7 +34,7 @@ type class struct {
 	// sub-queue, rounds the tenant DRR's cursor per strict tier, and
 	// nextPos the next ring position.
 	tenants map[string]*tenant
-	tq      []*tenant
+	tq      iheap.Heap[*tenant]
 	rounds  []tierRound
 	nextPos uint64
 	// freeTenants recycles emptied tenants (recycleTenant): callers with
@@ -104,8 +106,8 @@ func buildClasses(cfgs []ClassConfig) ([]*class, error) {
 		if cfg.MaxTenants < 0 {
 			return nil, fmt.Errorf("policy class %q (index %d): max tenants %d must be >= 0", cfg.Name, i, cfg.MaxTenants)
 		}
-		c := &class{cfg: cfg, idx: i, lanes: make(map[EndpointID]*lane), nextPos: 1}
-		c.shared = lane{cls: c, hidx: -1, pidx: -1}
+		c := &class{cfg: cfg, idx: i, lanes: make(map[EndpointID]*lane), cand: newCandHeap(), tq: newTenantHeap(), nextPos: 1}
+		c.shared = lane{h: newItemHeap(), cls: c, hidx: -1, pidx: -1}
 		cs[i] = c
 	}
 	return cs, nil
@@ -123,19 +125,17 @@ func (s *Scheduler) NumClasses() int { return len(s.classes) }
 // Class returns the configuration of class i (ring order).
 func (s *Scheduler) Class(i int) ClassConfig { return s.classes[i].cfg }
 
-// Offer admits a request of no tenant: OfferTenant with the zero Tenant.
-func (s *Scheduler) Offer(r Request, endpoints int, allBusy bool) (*Item, error) {
-	return s.OfferTenant(r, Tenant{}, endpoints, allBusy)
-}
-
-// OfferTenant admits a request of tenant t (SPEC §5). It returns (nil, nil)
+// Offer admits a request of tenant t (SPEC §5). It returns (nil, nil)
 // when the request should be dispatched directly (its class does not queue,
 // or the class has no backlog and allBusy is false); an Item when it was
 // queued; or a *Rejection when a queue limit is reached: the class's,
 // scaled by endpoints, then the tenant's own, then the class's tenant
 // bound. allBusy is the caller's busy test over the request's eligible
 // endpoints. A class index out of range is an error (not a *Rejection).
-func (s *Scheduler) OfferTenant(r Request, t Tenant, endpoints int, allBusy bool) (*Item, error) {
+//
+// The zero Tenant is no tenant: a class keeps no per-tenant state for it
+// unless the class is tenant-fair, where it is the anonymous tenant.
+func (s *Scheduler) Offer(r Request, t Tenant, endpoints int, allBusy bool) (*Item, error) {
 	if r.Class < 0 || int(r.Class) >= len(s.classes) {
 		return nil, fmt.Errorf("drr: offer: class index %d out of range [0,%d)", r.Class, len(s.classes))
 	}
@@ -246,9 +246,9 @@ func (s *Scheduler) newLane(c *class, ep EndpointID) *lane {
 		s.freeLanes[n-1] = nil
 		s.freeLanes = s.freeLanes[:n-1]
 	} else {
-		l = &lane{}
+		l = &lane{h: newItemHeap()}
 	}
-	*l = lane{items: l.items[:0], cls: c, ep: st, hidx: -1, pidx: -1}
+	*l = lane{h: l.h, cls: c, ep: st, hidx: -1, pidx: -1}
 	c.lanes[ep] = l
 	return l
 }
@@ -267,11 +267,9 @@ func (s *Scheduler) dropLane(l *lane) {
 	if st.refs == 0 {
 		delete(s.eps, st.id)
 	}
-	items := l.items[:0]
-	if cap(items) > maxRecycledCap {
-		items = nil
-	}
-	*l = lane{items: items}
+	h := l.h
+	h.Reset(maxRecycledCap)
+	*l = lane{h: h}
 	if len(s.freeLanes) < maxFreeLanes {
 		s.freeLanes = append(s.freeLanes, l)
 	}
@@ -339,7 +337,7 @@ func (s *Scheduler) unlink(it *Item) {
 	wasHead := it.idx == 0
 	l.removeAt(int(it.idx))
 	if l.ep != nil {
-		if len(l.items) == 0 {
+		if l.len() == 0 {
 			s.dropLane(l)
 		} else if wasHead && l.hidx >= 0 {
 			c.candFix(int(l.hidx))
@@ -502,8 +500,8 @@ func (s *Scheduler) candidate(c *class, p Probe) (best, unroutable *Item) {
 			return nil, h
 		}
 	}
-	for len(c.cand) > 0 {
-		l := c.cand[0].l
+	for c.cand.Len() > 0 {
+		l := c.cand.At(0)
 		if !l.verdictCached() {
 			switch p.Lane(c.idx, l.ep.id) {
 			case Ready:
@@ -552,8 +550,8 @@ func (s *Scheduler) dispatch(c *class, it *Item) *Item {
 // which case the class keeps the cursor to spend its burst.
 func (c *class) nextAffordable() bool {
 	h := c.sharedHead()
-	if len(c.cand) > 0 {
-		if lh := c.cand[0].l.head(); h == nil || before(lh, h) {
+	if c.cand.Len() > 0 {
+		if lh := c.cand.At(0).head(); h == nil || before(lh, h) {
 			h = lh
 		}
 	}
@@ -565,12 +563,12 @@ func (c *class) nextAffordable() bool {
 // is none.
 func (c *class) sharedHead() *Item {
 	if c.cfg.TenantFairness {
-		if len(c.tq) > 0 {
-			return c.tq[0].sub.head()
+		if c.tq.Len() > 0 {
+			return c.tq.At(0).sub.head()
 		}
 		return nil
 	}
-	if len(c.shared.items) > 0 {
+	if c.shared.len() > 0 {
 		return c.shared.head()
 	}
 	return nil
@@ -622,31 +620,20 @@ func (s *Scheduler) NextExpiry() (at int64, ok bool) {
 }
 
 // SetClasses replaces the class set without losing or reordering queued
-// requests; each keeps its tenant (SetClassesTenants can change it). classify maps each queued item to its class index in the new
-// set (the scheduler then keeps its arrival order); classes that keep their
-// name keep their deficit. A nil classify keeps every item's index. On
-// error (invalid config, index out of range) nothing changes.
+// requests. classify gives each queued item its class index in the new set
+// (the scheduler then keeps its arrival order) and its tenant there: a
+// changed weight or limit, a new name, or it.Tenant() to keep the one it
+// has. classify may also change the item's Priority and StrictPriority (a
+// new cap): items are ordered again from their Request. Classes that keep
+// their name keep their deficit; tenant DRR credit restarts from zero (it
+// belongs to the old ring). On error (invalid config, index out of range)
+// nothing changes.
 //
 // Items are re-keyed under their new class's policy; their arrival
 // sequence, the final tie breaker, is kept. Cached lane verdicts are
 // dropped. The cursor stays on its class if that name survives, else it
 // restarts at 0. Queue limits are not re-applied to queued items.
-func (s *Scheduler) SetClasses(classes []ClassConfig, classify func(*Item) int) error {
-	return s.SetClassesTenants(classes, func(it *Item) (int, Tenant) {
-		ci := int(it.Class)
-		if classify != nil {
-			ci = classify(it)
-		}
-		return ci, it.Tenant()
-	})
-}
-
-// SetClassesTenants is SetClasses where classify also gives each queued
-// item its tenant in the new set (a changed weight or limit, a new name).
-// classify may also change the item's Priority and StrictPriority (a new
-// cap): items are ordered again from their Request. Tenant DRR credit
-// restarts from zero: it belongs to the old ring.
-func (s *Scheduler) SetClassesTenants(classes []ClassConfig, classify func(*Item) (int, Tenant)) error {
+func (s *Scheduler) SetClasses(classes []ClassConfig, classify func(*Item) (int, Tenant)) error {
 	cs, err := buildClasses(classes)
 	if err != nil {
 		return fmt.Errorf("drr: set classes: %w", err)
@@ -716,18 +703,12 @@ func (s *Scheduler) SetClassesTenants(classes []ClassConfig, classify func(*Item
 func (s *Scheduler) all() []*Item {
 	out := make([]*Item, 0, s.n)
 	for _, c := range s.classes {
-		for _, sl := range c.shared.items {
-			out = append(out, sl.it)
-		}
-		for _, t := range c.tq {
-			for _, sl := range t.sub.items {
-				out = append(out, sl.it)
-			}
+		out = c.shared.appendItems(out)
+		for i := range c.tq.Len() {
+			out = c.tq.At(i).sub.appendItems(out)
 		}
 		for _, l := range c.lanes {
-			for _, sl := range l.items {
-				out = append(out, sl.it)
-			}
+			out = l.appendItems(out)
 		}
 	}
 	return out

@@ -39,7 +39,7 @@ func TestNewValidation(t *testing.T) {
 			// SetClasses validates the same way and leaves the scheduler alone.
 			s2 := mustNew(t, good)
 			enqueue(t, s2, costReq(0, 5, "x"))
-			if err := s2.SetClasses(tc.classes, func(*Item) int { return 0 }); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			if err := s2.SetClasses(tc.classes, func(it *Item) (int, Tenant) { return 0, it.Tenant() }); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("SetClasses error = %v; want it to contain %q", err, tc.wantErr)
 			}
 			if s2.Len() != 1 || s2.Class(0).Name != "a" {
@@ -72,7 +72,7 @@ func TestOfferAdmission(t *testing.T) {
 				enqueue(t, s, costReq(0, 1, "old"))
 			}
 			before := s.Len()
-			it, err := s.Offer(costReq(tc.class, 1, "new"), 1, tc.allBusy)
+			it, err := s.Offer(costReq(tc.class, 1, "new"), Tenant{}, 1, tc.allBusy)
 			if err != nil {
 				t.Fatalf("Offer: %v", err)
 			}
@@ -89,7 +89,7 @@ func TestOfferAdmission(t *testing.T) {
 		})
 	}
 	s := mustNew(t, qclass("q", 1, FCFS))
-	if _, err := s.Offer(costReq(3, 1, "x"), 1, true); err == nil || !strings.Contains(err.Error(), "class index 3") {
+	if _, err := s.Offer(costReq(3, 1, "x"), Tenant{}, 1, true); err == nil || !strings.Contains(err.Error(), "class index 3") {
 		t.Fatalf("Offer with class 3 of 1: error %v; want class index out of range", err)
 	}
 }
@@ -165,7 +165,7 @@ func TestOfferLimits(t *testing.T) {
 			accepted := 0
 			var rej *Rejection
 			for i, o := range tc.offers {
-				it, err := s.Offer(Request{Pinned: NoEndpoint, RawISL: o.raw, Cached: o.cached}, tc.endpoints, true)
+				it, err := s.Offer(Request{Pinned: NoEndpoint, RawISL: o.raw, Cached: o.cached}, Tenant{}, tc.endpoints, true)
 				if err != nil {
 					if !errors.As(err, &rej) {
 						t.Fatalf("offer %d: error %v is not a *Rejection", i, err)
@@ -780,13 +780,13 @@ func TestSetClasses(t *testing.T) {
 	}
 	name := map[int]string{0: "a", 1: "b"}
 	newCfg := []ClassConfig{qclass("new", 1, FCFS), qclass("b", 10, FCFS), qclass("a", 10, FCFS)}
-	if err := s.SetClasses(newCfg, func(it *Item) int { return 3 }); err == nil || !strings.Contains(err.Error(), "index 3") {
+	if err := s.SetClasses(newCfg, func(it *Item) (int, Tenant) { return 3, it.Tenant() }); err == nil || !strings.Contains(err.Error(), "index 3") {
 		t.Fatalf("SetClasses with index 3 = %v; want out of range", err)
 	}
 	if s.Len() != 7 || s.NumClasses() != 2 {
 		t.Fatalf("failed SetClasses changed the scheduler: Len %d classes %d", s.Len(), s.NumClasses())
 	}
-	if err := s.SetClasses(newCfg, func(it *Item) int { return map[string]int{"a": 2, "b": 1}[name[int(it.Class)]] }); err != nil {
+	if err := s.SetClasses(newCfg, func(it *Item) (int, Tenant) { return map[string]int{"a": 2, "b": 1}[name[int(it.Class)]], it.Tenant() }); err != nil {
 		t.Fatalf("SetClasses: %v", err)
 	}
 	if s.cursor != 2 {
@@ -819,7 +819,7 @@ func TestSetClasses(t *testing.T) {
 		items = append(items, enqueue(t, s, Request{Class: 1, RawISL: 1, Arrival: int64(i), Payload: fmt.Sprintf("y%d", i)}))
 		items = append(items, enqueue(t, s, Request{Class: 0, RawISL: 1, Arrival: int64(i), Payload: fmt.Sprintf("x%d", i)}))
 	}
-	if err := s.SetClasses([]ClassConfig{qclass("merged", 10, FCFS)}, func(*Item) int { return 0 }); err != nil {
+	if err := s.SetClasses([]ClassConfig{qclass("merged", 10, FCFS)}, func(it *Item) (int, Tenant) { return 0, it.Tenant() }); err != nil {
 		t.Fatalf("SetClasses: %v", err)
 	}
 	for _, it := range items {

@@ -28,7 +28,7 @@ func TestHeapShrinksAfterBurst(t *testing.T) {
 		}
 		last = it.Arrival
 	}
-	if c := cap(s.classes[0].shared.items); c > shrinkMinCap {
+	if c := s.classes[0].shared.h.Cap(); c > shrinkMinCap {
 		t.Fatalf("heap capacity %d with %d queued; want <= %d", c, s.Len(), shrinkMinCap)
 	}
 }

@@ -1,5 +1,7 @@
 package drr
 
+import "github.com/laneway-dev/laneway/pkg/iheap"
+
 // Tenants inside a class. Every class counts its tenants with queued
 // requests (for per-tenant limits and the tenant bound); a tenant-fair
 // class also splits its shared heap into one sub-queue per tenant and
@@ -98,17 +100,17 @@ func (c *class) nextVisit(t *tenant, s uint32) uint64 {
 func (c *class) tenantOf(spec *Tenant, create bool) *tenant {
 	t := c.tenants[spec.Name]
 	if t == nil && create {
-		var items []slot
+		var h iheap.Heap[*Item]
 		if n := len(c.freeTenants); n > 0 { // many callers with a request each: reuse
 			t = c.freeTenants[n-1]
 			c.freeTenants[n-1] = nil
 			c.freeTenants = c.freeTenants[:n-1]
-			items = t.sub.items[:0]
+			h = t.sub.h
 		} else {
-			t = &tenant{}
+			t, h = &tenant{}, newItemHeap()
 		}
 		*t = tenant{spec: *spec, tidx: -1}
-		t.sub = lane{items: items, cls: c, hidx: -1, pidx: -1}
+		t.sub = lane{h: h, cls: c, hidx: -1, pidx: -1}
 		if c.tenants == nil {
 			c.tenants = make(map[string]*tenant)
 		}
@@ -207,10 +209,10 @@ func (c *class) unlinkTenant(t *tenant, it *Item, fromSub, wasHead bool) {
 	t.raw.sub(it.RawISL)
 	if fromSub {
 		switch {
-		case len(t.sub.items) == 0:
+		case t.sub.len() == 0:
 			c.tenRemoveAt(int(t.tidx))
 			t.credit, t.lv, t.at = 0, 0, 0
-			if len(c.tq) == 0 {
+			if c.tq.Len() == 0 {
 				c.rounds = c.rounds[:0] // nothing backlogged: rounds restart
 			}
 		case wasHead:
@@ -230,19 +232,39 @@ func (c *class) recycleTenant(t *tenant) {
 	if len(c.freeTenants) >= maxFreeLanes {
 		return
 	}
-	items := t.sub.items[:0]
-	if cap(items) > maxRecycledCap {
-		items = nil
-	}
-	*t = tenant{sub: lane{items: items}}
+	h := t.sub.h
+	h.Reset(maxRecycledCap)
+	*t = tenant{sub: lane{h: h}}
 	c.freeTenants = append(c.freeTenants, t)
 }
 
-// The tenant heap: backlogged tenants of a tenant-fair class by head tier,
-// affordable round and ring position.
+// The tenant heap: backlogged tenants of a tenant-fair class by head tier
+// (higher first), affordable round and ring position.
 
-func tenAhead(a, b *tenant) bool {
-	ha, hb := a.sub.items[0].it, b.sub.items[0].it
+func newTenantHeap() iheap.Heap[*tenant] { return iheap.New(tenLess) }
+
+// tenKey is a prefix of tenLess's order (tenKey(a) < tenKey(b) implies
+// tenLess(a, b)), exact while rounds and positions stay below 2^30: the
+// tier in 4 bits (as hotKey: tiers >= 15 share the key 0), the round in 30
+// and the position in 30. A round past that saturates and drops the
+// position, and a position past that saturates, leaving the rest to
+// tenLess. Many tenants wait for the same round, so the position matters:
+// without it most comparisons would fall through to tenLess.
+func tenKey(t *tenant) uint64 {
+	const sat = 1<<30 - 1
+	s := t.sub.head().strict
+	if s >= 15 {
+		return 0
+	}
+	k := uint64(15-s) << 60
+	if t.at >= sat {
+		return k | sat<<30
+	}
+	return k | t.at<<30 | min(t.pos, sat)
+}
+
+func tenLess(a, b *tenant) bool {
+	ha, hb := a.sub.head(), b.sub.head()
 	if ha.strict != hb.strict {
 		return ha.strict > hb.strict
 	}
@@ -252,68 +274,13 @@ func tenAhead(a, b *tenant) bool {
 	return a.pos < b.pos
 }
 
-func (c *class) tenPush(t *tenant) {
-	t.tidx = int32(len(c.tq))
-	c.tq = append(c.tq, t)
-	c.tenUp(len(c.tq) - 1)
-}
+func (c *class) tenPush(t *tenant) { c.tq.Push(tenKey(t), t, &t.tidx) }
 
-func (c *class) tenRemoveAt(i int) {
-	n := len(c.tq) - 1
-	if i != n {
-		c.tenSwap(i, n)
-	}
-	c.tq[n].tidx = -1
-	c.tq[n] = nil
-	c.tq = c.tq[:n]
-	if i != n {
-		c.tenFix(i)
-	}
-}
+func (c *class) tenRemoveAt(i int) { c.tq.Remove(i) }
 
-func (c *class) tenFix(i int) {
-	if !c.tenDown(i) {
-		c.tenUp(i)
-	}
-}
-
-func (c *class) tenSwap(i, j int) {
-	h := c.tq
-	h[i], h[j] = h[j], h[i]
-	h[i].tidx = int32(i)
-	h[j].tidx = int32(j)
-}
-
-func (c *class) tenUp(j int) {
-	for j > 0 {
-		i := (j - 1) / 2
-		if !tenAhead(c.tq[j], c.tq[i]) {
-			break
-		}
-		c.tenSwap(i, j)
-		j = i
-	}
-}
-
-func (c *class) tenDown(i0 int) bool {
-	n := len(c.tq)
-	i := i0
-	for {
-		j := 2*i + 1
-		if j >= n || j < 0 {
-			break
-		}
-		if r := j + 1; r < n && tenAhead(c.tq[r], c.tq[j]) {
-			j = r
-		}
-		if !tenAhead(c.tq[j], c.tq[i]) {
-			break
-		}
-		c.tenSwap(i, j)
-		i = j
-	}
-	return i > i0
-}
+// tenFix restores the heap after the tenant at i changed its head or its
+// round.
+func (c *class) tenFix(i int) { c.tq.Fix(i, tenKey(c.tq.At(i))) }
 
 // TenantStats is one tenant's queue in one class, for status pages.
 type TenantStats struct {

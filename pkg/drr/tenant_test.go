@@ -19,10 +19,10 @@ func fairClass(name string, q uint64) ClassConfig {
 // as if every endpoint were busy.
 func offerTenant(t testing.TB, s *Scheduler, class int, tenant string, w, cost uint64, arrival int64) *Item {
 	t.Helper()
-	it, err := s.OfferTenant(Request{Class: int32(class), Pinned: NoEndpoint, RawISL: cost, Arrival: arrival, Payload: tenant},
+	it, err := s.Offer(Request{Class: int32(class), Pinned: NoEndpoint, RawISL: cost, Arrival: arrival, Payload: tenant},
 		Tenant{Name: tenant, Weight: w}, 1, true)
 	if err != nil || it == nil {
-		t.Fatalf("OfferTenant(%s, cost %d) = %v, %v; want a queued item", tenant, cost, it, err)
+		t.Fatalf("Offer(%s, cost %d) = %v, %v; want a queued item", tenant, cost, it, err)
 	}
 	return it
 }
@@ -130,7 +130,7 @@ func TestStrictTierGoesFirstAcrossTenants(t *testing.T) {
 	for i := range 5 {
 		offerTenant(t, s, 0, "a", 1, 10, int64(i))
 	}
-	it, _ := s.OfferTenant(Request{Class: 0, Pinned: NoEndpoint, RawISL: 500, StrictPriority: 2, Arrival: 9, Payload: "vip"},
+	it, _ := s.Offer(Request{Class: 0, Pinned: NoEndpoint, RawISL: 500, StrictPriority: 2, Arrival: 9, Payload: "vip"},
 		Tenant{Name: "vip"}, 1, true)
 	if it == nil {
 		t.Fatal("vip request not queued")
@@ -152,12 +152,12 @@ func TestEmptyTenantHoldsNothing(t *testing.T) {
 	}
 	s.Remove(a)
 	c := s.classes[0]
-	if n := s.Stats()[0].Tenants; n != 1 || c.tenants["a"] != nil || len(c.tq) != 1 {
-		t.Fatalf("after a left: %d tenants, a = %v, heap %d; want only b", n, c.tenants["a"], len(c.tq))
+	if n := s.Stats()[0].Tenants; n != 1 || c.tenants["a"] != nil || c.tq.Len() != 1 {
+		t.Fatalf("after a left: %d tenants, a = %v, heap %d; want only b", n, c.tenants["a"], c.tq.Len())
 	}
 	s.Pop(0, newProbe())
-	if len(c.tenants) != 0 || len(c.tq) != 0 || len(c.rounds) != 0 {
-		t.Fatalf("empty class keeps %d tenants, heap %d, %d cursors", len(c.tenants), len(c.tq), len(c.rounds))
+	if len(c.tenants) != 0 || c.tq.Len() != 0 || len(c.rounds) != 0 {
+		t.Fatalf("empty class keeps %d tenants, heap %d, %d cursors", len(c.tenants), c.tq.Len(), len(c.rounds))
 	}
 }
 
@@ -169,7 +169,7 @@ func TestTenantLimits(t *testing.T) {
 	s := mustNew(t, cfg)
 	spec := Tenant{Name: "a", RequestLimit: 2, RawISLLimit: 1000}
 	offer := func(spec Tenant, cost uint64) error {
-		_, err := s.OfferTenant(Request{Pinned: NoEndpoint, RawISL: cost}, spec, 1, true)
+		_, err := s.Offer(Request{Pinned: NoEndpoint, RawISL: cost}, spec, 1, true)
 		return err
 	}
 	for range 2 {
@@ -206,7 +206,7 @@ func TestSetClassesKeepsTenants(t *testing.T) {
 		offerTenant(t, s, 0, "x", 1, 100, int64(2*i))
 		offerTenant(t, s, 0, "y", 1, 100, int64(2*i+1))
 	}
-	err := s.SetClassesTenants([]ClassConfig{fairClass("c", 100)}, func(it *Item) (int, Tenant) {
+	err := s.SetClasses([]ClassConfig{fairClass("c", 100)}, func(it *Item) (int, Tenant) {
 		ten := it.Tenant()
 		if ten.Name == "x" {
 			ten.Weight = 3
@@ -393,7 +393,7 @@ func FuzzTenantDRR(f *testing.F) {
 				cost := 1 + uint64(r.next())*uint64(1+r.next()%4)
 				arrival++
 				id++
-				it, err := s.OfferTenant(Request{Pinned: NoEndpoint, RawISL: cost, Arrival: arrival, Payload: id},
+				it, err := s.Offer(Request{Pinned: NoEndpoint, RawISL: cost, Arrival: arrival, Payload: id},
 					Tenant{Name: name, Weight: w}, 1, true)
 				if err != nil || it == nil {
 					t.Fatalf("offer: %v %v", it, err)

@@ -77,7 +77,8 @@
 //
 // Cost: Submit O(log n) for n waiting (O(1) under FCFS); Schedule O(k + a·b)
 // for k prefill chunks in the step and a admissions of b blocks each;
-// Advance O(k + f log r) for f requests finishing among r running; no
+// Advance O(k + f log r) for f requests finishing among r running (the
+// decoding requests wait in a pkg/iheap heap keyed by their last step); no
 // call is proportional to the running requests that merely decode. One
 // goroutine owns an Engine; it reads no clock and starts no goroutine.
 package engine

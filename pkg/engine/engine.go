@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/laneway-dev/laneway/pkg/iheap"
 )
 
 // State is where a request is in the engine.
@@ -136,13 +138,20 @@ type step struct {
 	chunks     []chunk
 }
 
-// finishAt is a decoding request's last step: it finishes when the step
-// count reaches step. Entries of aborted requests stay until popped.
-type finishAt struct {
-	step     int64
-	admitted uint64
-	s        *Seq
-}
+// The decoding requests wait in a heap by their last step: a request
+// finishes when the step count reaches it. Its key is that step (finishKey;
+// steps are never negative, the sign flip only keeps the order honest),
+// ties go to the earlier admission. Entries of aborted requests stay until
+// popped.
+
+func newFinishHeap() iheap.Heap[*Seq] { return iheap.New(admittedFirst) }
+
+func admittedFirst(a, b *Seq) bool { return a.admitted < b.admitted }
+
+// finishKey is the heap key of last step step; finishStep its inverse.
+func finishKey(step int64) uint64 { return uint64(step) ^ 1<<63 }
+
+func finishStep(key uint64) int64 { return int64(key ^ 1<<63) }
 
 // Engine is the timing model of one model server (see the package
 // documentation). One goroutine owns it; it reads no clock.
@@ -158,8 +167,8 @@ type Engine struct {
 	// (aborted ones are skipped lazily): prefill completes in this order.
 	pf     []*Seq
 	pfHead int
-	// fin is a min-heap of the decoding requests' last steps.
-	fin []finishAt
+	// fin is a min-heap of the decoding requests by their last steps.
+	fin iheap.Heap[*Seq]
 
 	running, prefilling, decoding int
 	loras                         map[string]int // running requests per adapter
@@ -172,6 +181,9 @@ type Engine struct {
 
 	maxRunning int
 	generated  uint64
+	// promptTokens counts the prompts whose prefill completed, as vLLM
+	// v1's prompt_tokens_total does.
+	promptTokens uint64
 }
 
 // New returns an engine for cfg.
@@ -183,6 +195,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg:     cfg,
 		pool:    newBlockPool(cfg.NumGPUBlocks, cfg.EnablePrefixCaching),
 		waiting: waitQueue{byPriority: cfg.SchedulingPolicy == PolicyPriority},
+		fin:     newFinishHeap(),
 		loras:   map[string]int{},
 	}, nil
 }
@@ -312,18 +325,18 @@ func (e *Engine) Advance(now int64, out []Event) []Event {
 	e.steps += c.k
 	e.lastEnd, e.hasLast = end, true
 	e.generated += uint64(e.decoding) * uint64(c.k)
-	for len(e.fin) > 0 {
-		f := e.fin[0]
-		if f.s.state != Decoding {
-			e.popFinish() // aborted
+	for e.fin.Len() > 0 {
+		s := e.fin.At(0)
+		if s.state != Decoding {
+			e.fin.Pop() // aborted
 			continue
 		}
-		if f.step > e.steps {
+		if finishStep(e.fin.Key(0)) > e.steps {
 			break
 		}
-		e.popFinish()
+		e.fin.Pop()
 		e.decoding--
-		out = e.finish(f.s, end, out)
+		out = e.finish(s, end, out)
 	}
 	for _, ch := range c.chunks {
 		s := ch.s
@@ -340,6 +353,7 @@ func (e *Engine) Advance(now int64, out []Event) []Event {
 		s.FirstToken = end
 		e.prefilling--
 		e.generated++
+		e.promptTokens += uint64(s.PromptTokens)
 		out = append(out, Event{Kind: FirstToken, Seq: s, At: end})
 		if s.MaxTokens <= 1 {
 			out = e.finish(s, end, out)
@@ -348,7 +362,7 @@ func (e *Engine) Advance(now int64, out []Event) []Event {
 		s.state = Decoding
 		s.firstStep = e.steps
 		e.decoding++
-		e.pushFinish(finishAt{step: e.steps + int64(s.MaxTokens) - 1, admitted: s.admitted, s: s})
+		e.fin.Push(finishKey(e.steps+int64(s.MaxTokens)-1), s, nil)
 	}
 	clear(c.chunks)
 	c.chunks = c.chunks[:0]
@@ -415,10 +429,10 @@ func (e *Engine) Schedule(now int64, out []Event) (_ []Event, wake int64, ok boo
 	if prefill == 0 && load == 0 && e.cfg.Coalesce {
 		// Decode only: nothing changes until the next finish, or until a
 		// Submit or Abort cuts the stretch.
-		for e.fin[0].s.state != Decoding {
-			e.popFinish()
+		for e.fin.At(0).state != Decoding {
+			e.fin.Pop()
 		}
-		c.k = max(1, e.fin[0].step-e.steps)
+		c.k = max(1, finishStep(e.fin.Key(0))-e.steps)
 	}
 	c.end = start + c.k*c.d
 	return out, c.end, true
@@ -478,9 +492,12 @@ type Stats struct {
 	// Waiting and Running count requests; MaxRunning is the most that
 	// ever ran at once.
 	Waiting, Running, MaxRunning int
-	// Steps counts completed steps; GeneratedTokens every token emitted.
+	// Steps counts completed steps; GeneratedTokens every token emitted;
+	// PromptTokens the prompt tokens of every request whose prefill
+	// completed (vLLM v1's prompt_tokens_total).
 	Steps           int64
 	GeneratedTokens uint64
+	PromptTokens    uint64
 	// UsedBlocks are held by running requests; CachedBlocks are idle
 	// blocks holding a cached prefix; TotalBlocks is the cache size.
 	UsedBlocks, CachedBlocks, TotalBlocks int
@@ -496,7 +513,7 @@ func (s Stats) KVUsage() float64 { return float64(s.UsedBlocks) / float64(s.Tota
 func (e *Engine) Stats() Stats {
 	return Stats{
 		Waiting: e.waiting.len(), Running: e.running, MaxRunning: e.maxRunning,
-		Steps: e.steps, GeneratedTokens: e.generated,
+		Steps: e.steps, GeneratedTokens: e.generated, PromptTokens: e.promptTokens,
 		UsedBlocks: e.pool.used, CachedBlocks: e.pool.lruLen, TotalBlocks: e.pool.total,
 		LoRALoads: e.slots.loads,
 	}
@@ -509,9 +526,9 @@ func (e *Engine) Running(f func(*Seq)) {
 			f(s)
 		}
 	}
-	for _, x := range e.fin {
-		if x.s.state == Decoding {
-			f(x.s)
+	for i := range e.fin.Len() {
+		if s := e.fin.At(i); s.state == Decoding {
+			f(s)
 		}
 	}
 }
@@ -537,50 +554,6 @@ func (e *Engine) AdapterNames() (running, waiting []string) {
 	slices.Sort(running)
 	slices.Sort(waiting)
 	return running, waiting
-}
-
-func (e *Engine) pushFinish(f finishAt) {
-	e.fin = append(e.fin, f)
-	h := e.fin
-	for j := len(h) - 1; j > 0; {
-		i := (j - 1) / 2
-		if !finishLess(&h[j], &h[i]) {
-			break
-		}
-		h[i], h[j] = h[j], h[i]
-		j = i
-	}
-}
-
-func (e *Engine) popFinish() {
-	h := e.fin
-	n := len(h) - 1
-	h[0] = h[n]
-	h[n] = finishAt{}
-	h = h[:n]
-	for i := 0; ; {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		m := l
-		if r := l + 1; r < n && finishLess(&h[r], &h[l]) {
-			m = r
-		}
-		if !finishLess(&h[m], &h[i]) {
-			break
-		}
-		h[i], h[m] = h[m], h[i]
-		i = m
-	}
-	e.fin = h
-}
-
-func finishLess(a, b *finishAt) bool {
-	if a.step != b.step {
-		return a.step < b.step
-	}
-	return a.admitted < b.admitted
 }
 
 // waitQueue is the waiting requests sorted by (priority under the priority

@@ -9,13 +9,16 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -719,6 +722,73 @@ func TestDecisionHeaders(t *testing.T) {
 			}
 			if h.Get("x-smuggled") != "" || h.Get(extproc.HeaderDestinationEndpoint) != "10.0.0.1:8000" {
 				t.Errorf("headers after the mutation %v", h)
+			}
+		})
+	}
+}
+
+// TestHeaderOnlyGateways: gateways that send no response phase (NGINX
+// Gateway Fabric's shim, Envoy with the response phases skipped)
+// half-close the stream after the request and read it until the picker
+// ends it. The picker reads header values from value as well as
+// raw_value, answers, ends the stream on the half-close (the client sees
+// io.EOF: Start returns) and reports the request done, with no first
+// byte since none was seen.
+func TestHeaderOnlyGateways(t *testing.T) {
+	tests := []struct {
+		name   string
+		shape  extprocclient.Shape
+		perReq bool
+		body   []byte
+	}{
+		{name: "nginx shim", shape: extprocclient.NginxShim, perReq: true, body: []byte(`{"prompt":"p"}`)},
+		{name: "nginx shim without a body", shape: extprocclient.NginxShim, perReq: true},
+		{name: "envoy skip", shape: extprocclient.EnvoySkip, body: pattern(3*extproc.MaxChunkBytes + 5)},
+		{name: "envoy skip without a body", shape: extprocclient.EnvoySkip},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			obs := newOutcomes()
+			lc := newLifecycle()
+			seen := make(chan map[string]string, 1)
+			d := deciderFunc(func(_ context.Context, req *extproc.Request) (extproc.Decision, error) {
+				seen <- req.Headers
+				return extproc.Decision{Endpoints: []string{"10.0.0.1:8000"}, Lifecycle: lc}, nil
+			})
+			conn := startServer(t, d, extproc.Options{Observer: obs})
+			opts := extprocclient.Options{Shape: tc.shape}
+			c := extprocclient.New(conn, opts)
+			if tc.perReq {
+				c = extprocclient.NewPerRequest(func() (*grpc.ClientConn, error) {
+					return grpc.NewClient(conn.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+				}, opts)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			ex, err := c.Start(ctx, extprocclient.RequestSpec{Headers: http.Header{"X-Class": {"premium"}}, Body: tc.body})
+			if err != nil {
+				t.Fatalf("Start: %v", err)
+			}
+			defer ex.Close()
+			if !ex.Ended() {
+				t.Error("the picker did not end the stream")
+			}
+			if dd := ex.Decision(); !dd.Routed() || !slices.Equal(dd.Endpoints, []string{"10.0.0.1:8000"}) || !bytes.Equal(dd.Body, tc.body) {
+				t.Errorf("decision %+v", dd)
+			}
+			h := <-seen
+			wantLen := ""
+			if len(tc.body) > 0 {
+				wantLen = strconv.Itoa(len(tc.body))
+			}
+			if h["x-class"] != "premium" || h["content-length"] != wantLen {
+				t.Errorf("picker read x-class %q, content-length %q; want premium, %q", h["x-class"], h["content-length"], wantLen)
+			}
+			if got := obs.next(t); got != extproc.OutcomeRouted {
+				t.Errorf("outcome %q, want %q", got, extproc.OutcomeRouted)
+			}
+			if ev := lc.wait(t); !slices.Equal(ev, []string{"done"}) {
+				t.Errorf("lifecycle events %v, want [done]", ev)
 			}
 		})
 	}

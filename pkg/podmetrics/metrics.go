@@ -55,9 +55,10 @@ const (
 	BlockSize
 	NumBlocks
 	LoRA
+	PromptTokens
 )
 
-var fieldNames = [...]string{"waiting", "running", "kv_cache_usage", "block_size", "num_blocks", "lora"}
+var fieldNames = [...]string{"waiting", "running", "kv_cache_usage", "block_size", "num_blocks", "lora", "prompt_tokens"}
 
 // String lists the fields in the set, like "waiting|running".
 func (f Field) String() string {
@@ -95,6 +96,12 @@ type Metrics struct {
 	// LoRA is vLLM's adapter state, from the newest lora_requests_info
 	// series.
 	LoRA LoRAInfo
+	// PromptTokens is the engine's counter of prompt tokens whose prefill
+	// it finished (vLLM's and SGLang's prompt_tokens_total, summed over
+	// the page's series): it grows by a request's whole prompt when the
+	// request leaves prefill. It is the ground truth the picker reconciles
+	// its own prefill accounting against; TRT-LLM serve exports none.
+	PromptTokens float64
 }
 
 // Has reports whether every field in f is known.

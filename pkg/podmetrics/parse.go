@@ -25,6 +25,7 @@ const (
 	roleCacheInfo // info series whose labels carry block size and count
 	roleBlockSize // TRT-LLM: block size as the value
 	roleLoRA
+	rolePromptTokens // counter: prompt tokens past prefill
 	numRoles
 )
 
@@ -45,6 +46,8 @@ func roleOf(e Engine, name []byte) role {
 			return roleCacheInfo
 		case "vllm:lora_requests_info":
 			return roleLoRA
+		case "vllm:prompt_tokens_total":
+			return rolePromptTokens
 		}
 	case EngineSGLang:
 		switch string(name) {
@@ -56,6 +59,8 @@ func roleOf(e Engine, name []byte) role {
 			return roleKV
 		case "sglang:cache_config_info":
 			return roleCacheInfo
+		case "sglang:prompt_tokens_total":
+			return rolePromptTokens
 		}
 	case EngineTRTLLM:
 		switch string(name) {
@@ -444,6 +449,11 @@ func (p *parser) record(r role, v float64) {
 			p.bad[r] = true
 		}
 		p.sum[r] += v
+	case rolePromptTokens:
+		if math.IsNaN(v) || v < 0 || math.IsInf(v, 0) {
+			p.bad[r] = true
+		}
+		p.sum[r] += v
 	case roleKV, roleKVLegacy:
 		if math.IsNaN(v) || v < 0 || math.IsInf(v, 0) {
 			p.bad[r] = true
@@ -513,6 +523,10 @@ func (p *parser) result() Metrics {
 	if p.numBlocks > 0 && !p.excluded[roleCacheInfo] {
 		m.NumBlocks = p.numBlocks
 		m.Known |= NumBlocks
+	}
+	if usable(rolePromptTokens) && !math.IsInf(p.sum[rolePromptTokens], 0) {
+		m.PromptTokens = p.sum[rolePromptTokens]
+		m.Known |= PromptTokens
 	}
 	if p.lora && !p.excluded[roleLoRA] {
 		m.LoRA = LoRAInfo{

@@ -140,6 +140,20 @@ func refParse(e Engine, page []byte) (_ Metrics, err error) {
 	if out.NumBlocks > 0 {
 		out.Known |= NumBlocks
 	}
+	prompt := map[Engine]string{EngineVLLM: "vllm:prompt_tokens_total", EngineSGLang: "sglang:prompt_tokens_total"}[e]
+	if vals, _, ok := samples(prompt); ok {
+		sum := 0.0
+		for _, v := range vals {
+			if math.IsNaN(v) || v < 0 || math.IsInf(v, 0) {
+				ok = false
+			}
+			sum += v
+		}
+		if ok && !math.IsInf(sum, 0) {
+			out.PromptTokens = sum
+			out.Known |= PromptTokens
+		}
+	}
 	if vals, labels, ok := samples(names[6]); ok {
 		best := -1
 		for i, v := range vals {
@@ -182,13 +196,13 @@ func TestParseRealPages(t *testing.T) {
 		want   Metrics
 	}{
 		{"vllm_modelsim.txt", EngineVLLM, Metrics{
-			Known:   Waiting | Running | KVCacheUsage | BlockSize | NumBlocks | LoRA,
-			Waiting: 0, Running: 0, KVCacheUsage: 0, BlockSize: 16, NumBlocks: 2048,
+			Known:   Waiting | Running | KVCacheUsage | BlockSize | NumBlocks | LoRA | PromptTokens,
+			Waiting: 0, Running: 0, KVCacheUsage: 0, BlockSize: 16, NumBlocks: 2048, PromptTokens: 14,
 			LoRA: LoRAInfo{MaxLoRA: 2, UpdatedAt: 1.796021297909072e+09},
 		}},
 		{"sglang.txt", EngineSGLang, Metrics{
-			Known:   Waiting | Running | KVCacheUsage | BlockSize | NumBlocks,
-			Waiting: 5, Running: 12, KVCacheUsage: 0.31, BlockSize: 1, NumBlocks: 130056,
+			Known:   Waiting | Running | KVCacheUsage | BlockSize | NumBlocks | PromptTokens,
+			Waiting: 5, Running: 12, KVCacheUsage: 0.31, BlockSize: 1, NumBlocks: 130056, PromptTokens: 163840,
 		}},
 		{"trtllm.txt", EngineTRTLLM, Metrics{
 			Known:   Waiting | Running | KVCacheUsage | BlockSize,
@@ -257,6 +271,11 @@ func TestParseRules(t *testing.T) {
 			want: Metrics{Known: LoRA, LoRA: LoRAInfo{Running: []string{"a", "b"}, Waiting: []string{"c"}, MaxLoRA: 4, UpdatedAt: 300}}},
 		{name: "labels do not leak between lines", page: "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"8\"} 1\nvllm:lora_requests_info 7\n",
 			want: Metrics{Known: BlockSize | NumBlocks | LoRA, BlockSize: 16, NumBlocks: 8, LoRA: LoRAInfo{UpdatedAt: 7}}},
+		{name: "prompt token counters summed", page: "vllm:prompt_tokens_total{engine=\"0\"} 1024\nvllm:prompt_tokens_total{engine=\"1\"} 512\n",
+			want: Metrics{Known: PromptTokens, PromptTokens: 1536}},
+		{name: "negative prompt token counter is unknown", page: "vllm:prompt_tokens_total -5\n", want: Metrics{}},
+		{name: "sglang prompt token counter", engine: EngineSGLang, page: "sglang:prompt_tokens_total 9e3\n",
+			want: Metrics{Known: PromptTokens, PromptTokens: 9000}},
 		{name: "sglang info labels", engine: EngineSGLang, page: "sglang:cache_config_info{page_size=\"64\",num_pages=\"1000\"} 1\n",
 			want: Metrics{Known: BlockSize | NumBlocks, BlockSize: 64, NumBlocks: 1000}},
 		{name: "trtllm block size must be a whole number", engine: EngineTRTLLM, page: "trtllm_kv_cache_tokens_per_block 31.5\n", want: Metrics{}},
@@ -419,8 +438,8 @@ func TestPage200(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Metrics{Known: Waiting | Running | KVCacheUsage | BlockSize | NumBlocks | LoRA, Waiting: 34, Running: 8,
-		KVCacheUsage: 0.4375, BlockSize: 16, NumBlocks: 27802, LoRA: LoRAInfo{MaxLoRA: 2, UpdatedAt: 1.7e9}}
+	want := Metrics{Known: Waiting | Running | KVCacheUsage | BlockSize | NumBlocks | LoRA | PromptTokens, Waiting: 34, Running: 8,
+		KVCacheUsage: 0.4375, BlockSize: 16, NumBlocks: 27802, LoRA: LoRAInfo{MaxLoRA: 2, UpdatedAt: 1.7e9}, PromptTokens: 2 * 987654}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Parse = %+v\nwant    %+v", got, want)
 	}

@@ -49,6 +49,26 @@ func (b *BusyTest) EndpointBusy(activePrefill, maxBatched uint64) bool {
 	return false
 }
 
+// Limit is the most prompt tokens in prefill an endpoint with maxBatched
+// (0: unknown) may have and not be busy for the class: the smaller of its
+// rules, 0 for a class without one.
+func (b *BusyTest) Limit(maxBatched uint64) uint64 {
+	if maxBatched == 0 {
+		maxBatched = UnknownMaxBatchedTokens
+	}
+	limit, has := uint64(0), false
+	if b.HasThreshold {
+		limit, has = b.Threshold, true
+	}
+	if b.HasFrac {
+		f := min(b.Frac*float64(maxBatched), float64(math.MaxUint64>>1))
+		if v := uint64(f); !has || v < limit {
+			limit, has = v, true
+		}
+	}
+	return limit
+}
+
 // ratioEpsilon absorbs the rounding of ratio × eligible (0.3 × 10 is
 // 3.0000000000000004 in binary floating point, and 3 busy of 10 must count).
 const ratioEpsilon = 1e-9

@@ -323,3 +323,29 @@ func BenchmarkResolve(b *testing.B) {
 		b.Fatal("impossible")
 	}
 }
+
+func TestBusyTestLimit(t *testing.T) {
+	tests := []struct {
+		name       string
+		rule       BusyTest
+		maxBatched uint64
+		want       uint64
+	}{
+		{"none", BusyTest{}, 8192, 0},
+		{"threshold", BusyTest{Threshold: 1536, HasThreshold: true}, 8192, 1536},
+		{"fraction", BusyTest{Frac: 0.5, HasFrac: true}, 8192, 4096},
+		{"fraction of unknown", BusyTest{Frac: 1, HasFrac: true}, 0, UnknownMaxBatchedTokens},
+		{"the smaller of both", BusyTest{Threshold: 9000, HasThreshold: true, Frac: 1, HasFrac: true}, 8192, 8192},
+		{"huge fraction saturates", BusyTest{Frac: 1e300, HasFrac: true}, 8192, 1 << 63},
+	}
+	for _, tt := range tests {
+		if got := tt.rule.Limit(tt.maxBatched); got != tt.want {
+			t.Errorf("%s: Limit(%d) = %d, want %d", tt.name, tt.maxBatched, got, tt.want)
+		}
+	}
+	// Limit is the busy test's edge: at the limit not busy, past it busy.
+	r := BusyTest{Threshold: 1536, HasThreshold: true}
+	if r.EndpointBusy(r.Limit(8192), 8192) || !r.EndpointBusy(r.Limit(8192)+1, 8192) {
+		t.Errorf("Limit is not the edge of EndpointBusy")
+	}
+}

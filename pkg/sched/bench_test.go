@@ -68,11 +68,11 @@ func BenchmarkUnchangedScrape(b *testing.B) {
 				b.Fatalf("%d grants, want %d", len(l), len(addrs))
 			}
 			m := podmetrics.Metrics{Known: podmetrics.Waiting}
-			core.SetMetrics(addrs[0], m, false)
+			core.SetMetrics(0, addrs[0], m, false)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				if core.SetMetrics(addrs[0], m, false) {
+				if core.SetMetrics(0, addrs[0], m, false) {
 					b.Fatal("an unchanged scrape reported a change")
 				}
 				if drain {

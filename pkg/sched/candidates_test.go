@@ -44,7 +44,7 @@ func TestQueuedGrantRanksFreshOverlap(t *testing.T) {
 	// 19 cacheable blocks of 16 (the last block holds the last token).
 	prompt := &Ticket{RawISL: 320, BlockSize: 16, Blocks: tokenize.BlockHashes(toks, 16)}
 	c.index.Record(int(c.reg.byAddr[b].id), prompt.Blocks, 16, 0)
-	c.SetMetrics(b, podmetrics.Metrics{Waiting: 3, Known: podmetrics.Waiting}, false) // b past the filter
+	c.SetMetrics(0, b, podmetrics.Metrics{Waiting: 3, Known: podmetrics.Waiting}, false) // b past the filter
 
 	admit(c, 0, &Ticket{RawISL: 500}) // a is busy after it
 	if l := c.Drain(0); len(l) != 1 || l[0].Grant == nil || l[0].Grant.Endpoints[0] != a {
@@ -58,7 +58,7 @@ func TestQueuedGrantRanksFreshOverlap(t *testing.T) {
 		t.Fatalf("snapshot over %s alone: Cached = %d, want 0", a, prompt.Cached)
 	}
 
-	c.SetMetrics(b, podmetrics.Metrics{Waiting: 0, Known: podmetrics.Waiting}, false) // b is back
+	c.SetMetrics(0, b, podmetrics.Metrics{Waiting: 0, Known: podmetrics.Waiting}, false) // b is back
 	l := c.Drain(0)
 	if len(l) != 1 || l[0].Req != r || l[0].Grant == nil {
 		t.Fatalf("after b came back: %v, want the prompt granted", l)

@@ -93,6 +93,9 @@ type Core struct {
 
 	adapters map[string]struct{} // adapter names endpoints reported (lora.go)
 
+	// awaitingEps are the endpoints whose ledger holds grants (ledger.go).
+	awaitingEps []*endpoint
+
 	index      *affinity.Index // the prefix-cache index; nil: none
 	baseBS     int             // PrefixOptions.BlockSize
 	hashBS     int             // the block size parsers should hash at
@@ -174,9 +177,20 @@ func (c *Core) Len() int { return c.q.Len() }
 // largest KV block size an endpoint reports if that is larger.
 func (c *Core) BlockSize() int { return c.hashBS }
 
-// NextDeadline returns the earliest time a queued request's wait budget
-// runs out: the driver should call Drain then.
-func (c *Core) NextDeadline() (at int64, ok bool) { return c.q.NextExpiry() }
+// NextDeadline returns the earliest time the driver should call Drain:
+// when a queued request's wait budget runs out, or, while requests are
+// queued, when the engine is predicted to finish a prefill the picker
+// was not told about (ledger.go).
+func (c *Core) NextDeadline() (at int64, ok bool) {
+	at, ok = c.q.NextExpiry()
+	if c.q.Len() == 0 {
+		return at, ok
+	}
+	if p, pok := c.nextPrediction(); pok && (!ok || p < at) {
+		at, ok = p, true
+	}
+	return at, ok
+}
 
 // ClassName returns the name of class i of the policy in force ("" when
 // out of range).
@@ -220,7 +234,7 @@ func (c *Core) Admit(now int64, r *Request) {
 		return
 	}
 	r.arrival = now
-	item, err := c.q.OfferTenant(drr.Request{
+	item, err := c.q.Offer(drr.Request{
 		Class:          int32(t.Class),
 		Pinned:         r.pinned,
 		RawISL:         t.RawISL,
@@ -260,7 +274,7 @@ func (c *Core) Cancel(r *Request) bool {
 		}
 	case stateLeft:
 		if g := r.grant; g != nil && g.done.CompareAndSwap(false, true) {
-			c.Release(g, EventDone)
+			c.releaseUnsent(g)
 		}
 	}
 	return false
@@ -269,8 +283,10 @@ func (c *Core) Cancel(r *Request) bool {
 // Drain dispatches every queued request that can leave at now (SPEC §5:
 // draining is repeated until nothing is dispatchable) and returns every
 // decision since the previous Drain, in the order they were taken. The
-// slice is valid until the next Drain.
+// slice is valid until the next Drain. It first releases the grants the
+// engine is predicted to have prefilled by now (ledger.go).
 func (c *Core) Drain(now int64) []Leave {
+	c.predict(now)
 	for c.q.Len() > 0 {
 		it, out := c.q.Pop(now, c.probe)
 		if out == drr.None {
@@ -326,7 +342,7 @@ func (c *Core) SetPolicy(p *Policy) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	err := c.q.SetClassesTenants(p.Classes, func(it *drr.Item) (int, drr.Tenant) {
+	err := c.q.SetClasses(p.Classes, func(it *drr.Item) (int, drr.Tenant) {
 		t := it.Payload.(*Request).Ticket
 		p.entitle(t)
 		t.Class = p.resolve(t)
@@ -382,7 +398,7 @@ func (c *Core) Snapshot() Snapshot {
 			Addr: e.addr, ActivePrefill: e.activePrefill, InFlight: e.inFlight, Tainted: e.tainted,
 			Stale: e.stale, UnseenWaiting: e.unseenWaiting, UnseenPrefill: e.unseenPrefill,
 			EngineWaiting: e.waiting, MaxBatchedTokens: e.maxBatched, Busy: c.busyEverywhere(e),
-			Role: e.role,
+			Role: e.role, AwaitingEngine: e.led.len(), PrefillRate: e.led.rate,
 		}
 		if c.index != nil {
 			es.IndexTokens = c.index.Stats(int(id)).Tokens

@@ -25,10 +25,12 @@ type endpoint struct {
 	engine policy.Engine
 	// stale: metrics are expected and not fresh (busy, ranked last).
 	stale bool
-	// peakInFlight is the most requests this picker had in flight there
-	// since the last metrics delivery: the most of the engine's queue that
-	// can be ours.
-	peakInFlight int
+	// peakOurs is the most requests this picker had in the engine there
+	// since the last metrics delivery (ours()): the most of the engine's
+	// queue that can be ours.
+	peakOurs int
+	// led reconciles what this picker sent with the engine's counters.
+	led ledger
 	// unseenWaiting and unseenPrefill: the engine's waiting requests that
 	// are not ours, and the prompt tokens the busy test counts for them.
 	unseenWaiting int
@@ -53,6 +55,11 @@ type endpoint struct {
 
 // load is the prefill the busy test counts: ours plus the unseen estimate.
 func (e *endpoint) load() uint64 { return drr.SaturatingAdd(e.activePrefill, e.unseenPrefill) }
+
+// ours is how many of our requests may be in the engine: those with an
+// open stream, and those whose stream ended before the engine confirmed
+// their prefill.
+func (e *endpoint) ours() int { return e.inFlight + e.led.len() }
 
 // registry maps addresses to endpoints and hands out their ids: the index
 // of drr's exact lanes, the prefix index's slots and the overlap scratch.
@@ -107,7 +114,7 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 			g.eps = append(g.eps, nil)
 		}
 		e := &endpoint{id: id, addr: in.Addr, maxBatched: in.MaxBatchedTokens, tainted: in.Tainted,
-			rank: in.Rank, engine: eng, stale: c.opts.ExpectMetrics, role: in.Role}
+			rank: in.Rank, engine: eng, stale: c.opts.ExpectMetrics, role: in.Role, led: newLedger()}
 		g.eps[id] = e
 		if c.index != nil {
 			c.index.Drop(int(id)) // a reused id starts with an empty index
@@ -122,6 +129,9 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 			delete(g.byAddr, addr)
 			c.q.EndpointChanged(e.id)
 			removed = append(removed, e.id)
+			for e.led.len() > 0 { // nothing waits on a gone endpoint's engine
+				c.confirm(e)
+			}
 			if c.index != nil {
 				c.index.Drop(int(e.id))
 			}

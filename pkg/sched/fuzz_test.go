@@ -144,6 +144,10 @@ type fuzzEP struct {
 	removed        bool
 	unseenFromCore uint64
 	maxBatched     uint64
+	// awaiting are the requests whose stream ended before a first byte,
+	// oldest first: the core's ledger releases them in this order.
+	awaiting []*fuzzReq
+	counter  float64 // the engine's prompt-token counter, as scraped
 }
 
 type fuzzReq struct {
@@ -181,6 +185,9 @@ func runCoreOps(data []byte, pk Chooser) error {
 	if withPrefix {
 		opts.Prefix = &PrefixOptions{BlockSize: 4}
 	}
+	// With metrics expected, endpoints are stale until scraped and a
+	// stream that ends before its first byte waits in the engine ledger.
+	opts.ExpectMetrics = b0&0x40 != 0
 	c, err := New(pols[polIdx], opts)
 	if err != nil {
 		return err
@@ -226,7 +233,32 @@ func runCoreOps(data []byte, pk Chooser) error {
 		return slices.Contains(fr.allow, addr) || slices.Contains(fr.allow, host)
 	}
 
+	// syncAwaiting follows the core's ledgers: each releases its oldest
+	// grants first, so the model drops as many of its oldest as the core
+	// no longer holds, and their charges with them.
+	syncAwaiting := func(step int, op string) error {
+		for _, es := range c.Snapshot().Endpoints {
+			e := live[es.Addr]
+			if e == nil {
+				continue
+			}
+			if es.AwaitingEngine > len(e.awaiting) {
+				return fmt.Errorf("step %d (%s): endpoint %s awaits %d grants, model %d", step, op, es.Addr, es.AwaitingEngine, len(e.awaiting))
+			}
+			for len(e.awaiting) > es.AwaitingEngine {
+				e.active -= e.awaiting[0].prefill
+				e.awaiting = e.awaiting[1:]
+			}
+		}
+		return nil
+	}
 	check := func(step int, op string) error {
+		// Predictions due now release before the drain's grants: apply
+		// them first, so the model sees the load the grants saw.
+		c.predict(now)
+		if err := syncAwaiting(step, op); err != nil {
+			return err
+		}
 		// The unseen estimates only change on scrapes: read them before
 		// the drain's grants move the accounting.
 		for _, es := range c.Snapshot().Endpoints {
@@ -282,6 +314,9 @@ func runCoreOps(data []byte, pk Chooser) error {
 			e.active += fr.prefill
 			e.inFlight++
 		}
+		if err := syncAwaiting(step, op); err != nil {
+			return err
+		}
 		snap := c.Snapshot()
 		if len(snap.Endpoints) != len(live) {
 			return fmt.Errorf("step %d (%s): core has %d endpoints, model %d", step, op, len(snap.Endpoints), len(live))
@@ -294,14 +329,22 @@ func runCoreOps(data []byte, pk Chooser) error {
 		}
 		return nil
 	}
-	release := func(fr *fuzzReq, ev Event) {
+	// release plays ev on fr's grant. A stream that ends before its first
+	// byte keeps its charge in the endpoint's ledger, unless the grant
+	// never reached its caller (unsent: a cancel after the decision).
+	release := func(fr *fuzzReq, ev Event, unsent bool) {
 		if fr.released || fr.grant == nil {
 			return
 		}
 		c.Release(fr.grant, ev)
 		if !fr.firstOK {
 			fr.firstOK = true
-			fr.onEP.active -= fr.prefill
+			switch {
+			case ev == EventFirstByte || unsent:
+				fr.onEP.active -= fr.prefill
+			case !fr.onEP.removed:
+				fr.onEP.awaiting = append(fr.onEP.awaiting, fr)
+			}
 		}
 		if ev == EventDone {
 			fr.released = true
@@ -368,12 +411,12 @@ func runCoreOps(data []byte, pk Chooser) error {
 		case 5: // first byte
 			name = "first byte"
 			if fr := pickReq(func(fr *fuzzReq) bool { return fr.grant != nil && !fr.firstOK }); fr != nil {
-				release(fr, EventFirstByte)
+				release(fr, EventFirstByte, false)
 			}
 		case 6, 7: // done
 			name = "done"
 			if fr := pickReq(func(fr *fuzzReq) bool { return fr.grant != nil && !fr.released }); fr != nil {
-				release(fr, EventDone)
+				release(fr, EventDone, false)
 			}
 		case 8: // cancel: a queued request, or a grant its caller never received
 			name = "cancel"
@@ -381,14 +424,14 @@ func runCoreOps(data []byte, pk Chooser) error {
 				wasGrant := fr.grant != nil && fr.r.Left()
 				c.Cancel(fr.r)
 				if wasGrant {
-					release(fr, EventDone)
+					release(fr, EventDone, true)
 				}
 			}
 		case 9: // add an endpoint (a removed address comes back as a new one)
 			name = "add endpoint"
 			a := fuzzAddrs[int(next())%len(fuzzAddrs)]
 			if live[a] == nil {
-				live[a] = &fuzzEP{addr: a, maxBatched: uint64(next()) * 64}
+				live[a] = &fuzzEP{addr: a, maxBatched: uint64(next()) * 64, stale: opts.ExpectMetrics}
 				setEndpoints()
 			}
 		case 10: // remove an endpoint
@@ -427,8 +470,12 @@ func runCoreOps(data []byte, pk Chooser) error {
 				if !stale {
 					e.waiting = m.Waiting
 				}
+				if b&0x20 != 0 { // the engine's counters: prompt tokens past prefill, running requests
+					e.counter += float64(next()) * 16
+					m.PromptTokens, m.Known = e.counter, m.Known|podmetrics.PromptTokens|podmetrics.Running
+				}
 			}
-			c.SetMetrics(a, m, stale)
+			c.SetMetrics(now, a, m, stale)
 		case 14: // time passes
 			name = "time step"
 			now += int64(next()) * int64(10*time.Millisecond)
@@ -446,7 +493,16 @@ func runCoreOps(data []byte, pk Chooser) error {
 	// Wind down: release every grant, shut down, and everything must have
 	// left exactly once with the accounting back at zero.
 	for _, fr := range reqs {
-		release(fr, EventDone)
+		release(fr, EventDone, false)
+	}
+	// An idle engine confirms every prefill its ledger still awaits (two
+	// scrapes: the first makes every grant older than a delivery).
+	for range 2 {
+		now += int64(time.Second)
+		for _, e := range live {
+			c.SetMetrics(now, e.addr, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running}, false)
+			e.stale, e.waiting = false, 0
+		}
 	}
 	c.Shutdown(now)
 	if err := check(-1, "wind down"); err != nil {

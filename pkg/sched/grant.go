@@ -43,16 +43,22 @@ type Grant struct {
 	// constants; "" for a base-model request). See lora.go.
 	LoRA string
 
-	rel             Releaser
-	ep              *endpoint
-	dec             *endpoint // the decode pod of a disaggregated grant (ep is its prefill pod)
-	adapter         string    // the adapter counted on ep (and dec) until released
-	pick            [1]string // Endpoints' storage when there are no fallbacks
-	prefill         uint64    // owner-only from here on
+	rel  Releaser
+	ep   *endpoint // the pick, charged; a disaggregated grant's prefill pod
+	dec  *endpoint // the decode pod of a disaggregated grant, else nil
+	pick [1]string // Endpoints' storage when there are no fallbacks
+
+	// Owner-only from here on: the adapter counted on ep (and dec) until
+	// released, the charge (uncached tokens), the prompt as the engine
+	// counts it (raw tokens) and when it was sent.
+	adapter         string
+	prefill, raw    uint64
+	sentAt          int64
 	prefillReleased bool
 	finished        bool
-	firstByte       atomic.Bool
-	done            atomic.Bool
+
+	firstByte atomic.Bool
+	done      atomic.Bool
 }
 
 // FirstByte reports the first response byte: the endpoint finished this
@@ -72,43 +78,101 @@ func (g *Grant) Done() {
 }
 
 // Release applies a grant's event to the endpoint accounting (SPEC §5:
-// active prefill is the prompt tokens sent and not yet answered with a
-// first byte). Each event counts once; EventDone implies EventFirstByte.
-// The endpoint's lanes are rechecked at the next Drain.
+// active prefill is the prompt tokens sent and not yet known to have left
+// prefill). Each event counts once; EventDone implies EventFirstByte when
+// the first byte was reported, and otherwise hands the grant's charge to
+// the endpoint's engine ledger, which keeps it until the engine's own
+// counters say the prompt left prefill (see ledger.go). The endpoint's
+// lanes are rechecked at the next Drain.
+//
+// A disaggregated grant is charged to its prefill pod (ep), whose ledger
+// takes the charge when the stream ends first; the prefill pod holds the
+// request in flight until the first byte or the end, and the decode pod
+// (dec) to the end.
 func (c *Core) Release(g *Grant, ev Event) {
-	c.prefillDone(g)
-	if ev != EventDone || g.finished {
+	if g.finished {
 		return
 	}
-	g.finished = true
 	e := g.ep
-	if g.dec != nil {
-		e = g.dec // the prefill pod let go at the first byte (handOver)
+	if ev == EventFirstByte || g.prefillReleased {
+		if !g.prefillReleased {
+			e.led.unobserved += g.raw // the engine counts this prompt too
+			c.prefillDone(g)
+			c.startDecode(g)
+		}
+		if ev != EventDone {
+			return
+		}
+		if d := g.decodePod(); d.decoding > 0 {
+			d.decoding--
+		}
+	} else {
+		// The stream ended with no first byte reported: a gateway that
+		// sends no response phases, or a request that ended early. Its
+		// prompt may still be in the (prefill pod's) engine.
+		c.await(e, g)
+		if g.dec != nil {
+			c.leavePrefill(g)
+		}
 	}
-	c.adapterDone(g, e)
-	if e.inFlight > 0 {
-		e.inFlight--
+	c.finish(g)
+}
+
+// releaseUnsent undoes a grant its caller never received: the request
+// never reached the endpoint, so nothing waits for the engine.
+func (c *Core) releaseUnsent(g *Grant) {
+	if g.finished {
+		return
 	}
-	if e.decoding > 0 {
-		e.decoding--
+	if !g.prefillReleased {
+		c.prefillDone(g)
+		if g.dec != nil {
+			c.leavePrefill(g)
+		}
+	} else if d := g.decodePod(); d.decoding > 0 {
+		d.decoding--
+	}
+	c.finish(g)
+}
+
+// finish ends g on the endpoint that held it to its end.
+func (c *Core) finish(g *Grant) {
+	g.finished = true
+	d := g.decodePod()
+	c.adapterDone(g, d)
+	if d.inFlight > 0 {
+		d.inFlight--
 	}
 }
 
-func (c *Core) prefillDone(g *Grant) {
-	if g.prefillReleased {
+// decodePod is the endpoint that decodes g: its decode pod when
+// disaggregated, else its pick.
+func (g *Grant) decodePod() *endpoint {
+	if g.dec != nil {
+		return g.dec
+	}
+	return g.ep
+}
+
+// startDecode is g's first byte, after its charge returned: past prefill
+// the request decodes (on the decode pod of a disaggregated grant, which
+// the prefill pod hands it over to).
+func (c *Core) startDecode(g *Grant) {
+	if g.dec != nil {
+		c.handOver(g)
 		return
 	}
+	g.ep.decoding++
+}
+
+// prefillDone returns the grant's prefill charge.
+func (c *Core) prefillDone(g *Grant) {
 	g.prefillReleased = true
 	e := g.ep
 	if e.activePrefill >= g.prefill {
 		e.activePrefill -= g.prefill
 	} else {
 		e.activePrefill = 0
-	}
-	if g.dec != nil {
-		c.handOver(g)
-	} else {
-		e.decoding++ // past prefill the request decodes
 	}
 	if !e.removed {
 		c.q.EndpointChanged(e.id)
@@ -142,7 +206,7 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	c.order = c.opts.Chooser.Choose(t, c.cands, c.order[:0])
 	n := min(1+c.opts.MaxFallbacks, len(c.order))
 	e := c.reg.eps[c.cands[c.order[0]].ID]
-	g := &Grant{rel: c.opts.Releaser, ep: e, Engine: e.engine, prefill: t.Uncached()}
+	g := &Grant{rel: c.opts.Releaser, ep: e, Engine: e.engine, prefill: t.Uncached(), raw: t.RawISL, sentAt: now}
 	if n == 1 {
 		g.pick[0] = e.addr
 		g.Endpoints = g.pick[:1:1] // no fallbacks (the default): no second allocation
@@ -154,7 +218,7 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	}
 	e.activePrefill = drr.SaturatingAdd(e.activePrefill, g.prefill)
 	e.inFlight++
-	e.peakInFlight = max(e.peakInFlight, e.inFlight)
+	e.peakOurs = max(e.peakOurs, e.ours())
 	c.q.EndpointChanged(e.id)
 	if s.split {
 		c.decodeStage(g, r, s) // disaggregated: the pick above is the prefill pod

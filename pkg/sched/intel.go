@@ -28,19 +28,22 @@ func cachedTokens(blocks int, t *Ticket) uint64 {
 	return min(uint64(blocks)*uint64(t.BlockSize), t.RawISL)
 }
 
-// SetMetrics applies one scrape of the endpoint at addr (fresh metrics,
-// or stale true: busy and ranked last until fresh ones come) and reports
-// whether the endpoint's busy inputs changed (its lanes are rechecked at
-// the next Drain). Unknown addresses are ignored.
+// SetMetrics applies one scrape of the endpoint at addr, delivered at now
+// (fresh metrics, or stale true: busy and ranked last until fresh ones
+// come) and reports whether the endpoint's busy inputs changed (its lanes
+// are rechecked at the next Drain). Unknown addresses are ignored.
 //
-// The busy test's view of load this picker cannot see: the engine's queue
-// holds at most peakInFlight of our requests (the most we had in flight
-// there since the previous delivery, so requests that finished between the
-// scrape and its delivery are not mistaken for strangers), and every
-// waiting request beyond that came from elsewhere. Each such request counts
-// as the moving mean of the prompts we dispatch in prefill tokens. Running
-// requests count only in the cost picker's decode load.
-func (c *Core) SetMetrics(addr string, m podmetrics.Metrics, stale bool) bool {
+// A fresh scrape first reconciles the endpoint's ledger with the engine's
+// counters (ledger.go). Then the busy test's view of load this picker
+// cannot see: the engine's queue holds at most peakOurs of our requests
+// (the most we had in the engine there since the previous delivery, so
+// requests that finished between the scrape and its delivery are not
+// mistaken for strangers), and every waiting request beyond that came
+// from elsewhere (another replica, a client that bypasses the picker) or
+// is one of ours whose prefill was predicted done too early. Each such
+// request counts as the moving mean of the prompts we dispatch in prefill
+// tokens. Running requests count only in the cost picker's decode load.
+func (c *Core) SetMetrics(now int64, addr string, m podmetrics.Metrics, stale bool) bool {
 	e, ok := c.reg.byAddr[addr]
 	if !ok {
 		return false
@@ -48,8 +51,11 @@ func (c *Core) SetMetrics(addr string, m podmetrics.Metrics, stale bool) bool {
 	changed := e.stale != stale
 	e.stale = stale
 	if !stale {
-		ours := max(e.peakInFlight, e.inFlight)
-		e.peakInFlight = e.inFlight
+		if c.reconcile(now, e, &m) {
+			changed = true
+		}
+		ours := max(e.peakOurs, e.ours())
+		e.peakOurs = e.ours()
 		unseen := 0
 		if m.Has(podmetrics.Waiting) {
 			unseen = max(0, m.Waiting-ours)

@@ -12,7 +12,7 @@ const (
 
 // loraScrape delivers a fresh scrape with adapter state.
 func loraScrape(c *Core, addr string, running []string, max int) {
-	c.SetMetrics(addr, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running | podmetrics.LoRA,
+	c.SetMetrics(0, addr, podmetrics.Metrics{Known: podmetrics.Waiting | podmetrics.Running | podmetrics.LoRA,
 		LoRA: podmetrics.LoRAInfo{Running: running, MaxLoRA: max}}, false)
 }
 
@@ -45,7 +45,7 @@ func TestLoRATiers(t *testing.T) {
 				t.Errorf("adapter w: %v (%s), want %s", g.Endpoints, g.LoRA, loraC)
 			}
 			// u runs nowhere but is known: C reported it waiting once.
-			c.SetMetrics(loraC, podmetrics.Metrics{Known: podmetrics.LoRA,
+			c.SetMetrics(0, loraC, podmetrics.Metrics{Known: podmetrics.LoRA,
 				LoRA: podmetrics.LoRAInfo{Running: []string{"w", "v"}, Waiting: []string{"u"}, MaxLoRA: 2}}, false)
 			loraScrape(c, loraC, []string{"w", "v"}, 2) // u no longer listed, but known
 			g = grantOne(t, c, 0, &Ticket{RawISL: 100, Model: "u"})
@@ -124,7 +124,7 @@ func TestLoRADecodePick(t *testing.T) {
 	c := pdCore(t, pdPool(), Options{})
 	loraScrape(c, pdD1, []string{"x"}, 2)
 	loraScrape(c, pdD2, nil, 2)
-	c.SetMetrics(pdD1, podmetrics.Metrics{Known: podmetrics.Running | podmetrics.LoRA, Running: 3,
+	c.SetMetrics(0, pdD1, podmetrics.Metrics{Known: podmetrics.Running | podmetrics.LoRA, Running: 3,
 		LoRA: podmetrics.LoRAInfo{Running: []string{"x"}, MaxLoRA: 2}}, false)
 	g := grantOne(t, c, 0, &Ticket{RawISL: 1000, Model: "x"})
 	if g.Endpoints[0] != pdD1 {

@@ -295,18 +295,29 @@ func (c *Core) decodeStage(g *Grant, r *Request, s *candidateSet) {
 	}
 	g.Engine = d.engine
 	d.inFlight++
-	d.peakInFlight = max(d.peakInFlight, d.inFlight)
+	d.peakOurs = max(d.peakOurs, d.ours())
 }
 
 // handOver is a disaggregated grant's first response byte: the prefill
 // pod's part is over (its prefill charge has just been returned), so it no
 // longer counts the request in flight; the decode pod decodes it.
 func (c *Core) handOver(g *Grant) {
+	c.leavePrefill(g)
+	g.dec.decoding++
+}
+
+// leavePrefill ends a disaggregated grant's stay on its prefill pod, at
+// its first byte or, when the stream ends first, at its end (its charge
+// may then stay in the prefill pod's ledger until the engine confirms the
+// prefill). The decode pod's engine counts the prompt in its prompt-token
+// counter too, when the KV cache has arrived: its ledger must not credit
+// that to a grant of its own (ledger.go).
+func (c *Core) leavePrefill(g *Grant) {
 	if p := g.ep; p.inFlight > 0 {
 		p.inFlight--
 	}
 	c.adapterDone(g, g.ep)
-	g.dec.decoding++
+	g.dec.led.unobserved += g.raw
 }
 
 // decodeLoad is what orders decode pods: fresh metrics first, then those

@@ -191,16 +191,16 @@ func TestBusyTestGatesOnPrefillPods(t *testing.T) {
 // first, then not nearly full, then the fewest sequences.
 func TestDecodePickByLoad(t *testing.T) {
 	c := pdCore(t, pdPool(), Options{})
-	c.SetMetrics(pdD1, podmetrics.Metrics{Known: podmetrics.Running | podmetrics.KVCacheUsage, Running: 6, KVCacheUsage: 0.3}, false)
-	c.SetMetrics(pdD2, podmetrics.Metrics{Known: podmetrics.Running | podmetrics.KVCacheUsage, Running: 2, KVCacheUsage: 0.3}, false)
+	c.SetMetrics(0, pdD1, podmetrics.Metrics{Known: podmetrics.Running | podmetrics.KVCacheUsage, Running: 6, KVCacheUsage: 0.3}, false)
+	c.SetMetrics(0, pdD2, podmetrics.Metrics{Known: podmetrics.Running | podmetrics.KVCacheUsage, Running: 2, KVCacheUsage: 0.3}, false)
 	if g := grantOne(t, c, 0, &Ticket{RawISL: 1000}); g.Endpoints[0] != pdD2 {
 		t.Errorf("decode pick %s, want %s (2 running against 6)", g.Endpoints[0], pdD2)
 	}
-	c.SetMetrics(pdD2, podmetrics.Metrics{Known: podmetrics.Running | podmetrics.KVCacheUsage, Running: 2, KVCacheUsage: 0.97}, false)
+	c.SetMetrics(0, pdD2, podmetrics.Metrics{Known: podmetrics.Running | podmetrics.KVCacheUsage, Running: 2, KVCacheUsage: 0.97}, false)
 	if g := grantOne(t, c, 0, &Ticket{RawISL: 1000}); g.Endpoints[0] != pdD1 {
 		t.Errorf("decode pick %s, want %s (the other's KV cache is nearly full)", g.Endpoints[0], pdD1)
 	}
-	c.SetMetrics(pdD1, podmetrics.Metrics{}, true)
+	c.SetMetrics(0, pdD1, podmetrics.Metrics{}, true)
 	if g := grantOne(t, c, 0, &Ticket{RawISL: 1000}); g.Endpoints[0] != pdD2 {
 		t.Errorf("decode pick %s, want %s (the other is stale)", g.Endpoints[0], pdD2)
 	}
@@ -385,7 +385,7 @@ func TestRolesRandom(t *testing.T) {
 				setRoles()
 			default:
 				a := addrs[rng.IntN(len(addrs))]
-				c.SetMetrics(a, podmetrics.Metrics{Known: podmetrics.Running | podmetrics.KVCacheUsage,
+				c.SetMetrics(0, a, podmetrics.Metrics{Known: podmetrics.Running | podmetrics.KVCacheUsage,
 					Running: rng.IntN(8), KVCacheUsage: rng.Float64()}, false)
 			}
 			act, _ := want() // the model before this drain's grants

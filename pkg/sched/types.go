@@ -284,6 +284,13 @@ type EndpointSnapshot struct {
 	Busy bool
 	// Role is the endpoint's role.
 	Role Role
+	// AwaitingEngine is the grants whose stream ended before a first byte
+	// was reported and whose prefill the engine has not confirmed yet:
+	// still charged to ActivePrefill (SPEC §5).
+	AwaitingEngine int
+	// PrefillRate is the engine's prefill rate the picker learned from its
+	// prompt-token counter, in prompt tokens per second (0: not learned).
+	PrefillRate float64
 }
 
 // Snapshot is the core's state at one instant.

@@ -26,6 +26,10 @@ type Config struct {
 	OutDir string
 	// PerClass is the requests per class (320 in SPEC §11).
 	PerClass int
+	// HeaderOnly runs the gateway with --response-phases=false: the
+	// picker sees each request but never its response, as behind
+	// gateways that send no response phase.
+	HeaderOnly bool
 	// Out receives the table; Progress receives the progress of each run
 	// (report.Progress: a bar on a terminal, a line at every 10% elsewhere).
 	Out, Progress io.Writer
@@ -54,6 +58,9 @@ type Outcome struct {
 	// demo's modelsim.
 	Prediction simulate.Prediction
 	Misses     []string
+	// EngineWaitingMax is the largest vllm:num_requests_waiting the
+	// model server reported during the run (sampled).
+	EngineWaitingMax float64
 }
 
 // MaxPredictionMiss bounds how far the measured premium count in the first
@@ -140,7 +147,7 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 		return o, err
 	}
 	procs = append(procs, epp.Proc)
-	gw, err := bins.StartGateway(ctx, launch.GatewayOptions{EPP: epp, Proc: proc(launch.CmdGateway)})
+	gw, err := bins.StartGateway(ctx, launch.GatewayOptions{EPP: epp, HeaderOnly: cfg.HeaderOnly, Proc: proc(launch.CmdGateway)})
 	if err != nil {
 		return o, err
 	}
@@ -149,6 +156,7 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 	fmt.Fprintf(cfg.Out, "\n== quanta %s (premium:regular): %d + %d requests of 512 tokens, one model server with 4 slots\n",
 		sc.Name, cfg.PerClass, cfg.PerClass)
 	bar := report.NewProgress(cfg.Progress, sc.Name)
+	waiting := sim.Metrics.WatchMax(20*time.Millisecond, "vllm:num_requests_waiting")
 	res, err := workload.Run(ctx, workload.Spec{
 		URL:          gw.URL + "/v1/completions",
 		Model:        "sim-model",
@@ -159,9 +167,11 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 		Progress:     bar.Update,
 	})
 	bar.Finish()
+	o.EngineWaitingMax, _, _ = waiting.Stop()
 	if err != nil {
 		return o, err
 	}
+	fmt.Fprintf(cfg.Out, "   model server waiting queue: at most %v requests (vllm:num_requests_waiting, sampled every 20ms)\n", o.EngineWaitingMax)
 	o.Result = res
 	o.Shares = workload.Analyze(res)
 	// The picker's own count, next to what the clients saw: every request

@@ -41,29 +41,55 @@ func (m Mode) proto() filterv3.ProcessingMode_BodySendMode {
 }
 
 // Options configures a Client. The zero value plays Envoy in
-// FULL_DUPLEX_STREAMED mode with 62,000-byte body messages.
+// FULL_DUPLEX_STREAMED mode with 62,000-byte body messages and every
+// response phase.
 type Options struct {
-	// Mode is the body send mode.
+	// Shape is the gateway played: Envoy with every phase (the zero
+	// value), or a header-only gateway that sends no response phase.
+	Shape Shape
+	// Mode is the body send mode of the Envoy shapes; NginxShim ignores it.
 	Mode Mode
-	// ChunkBytes is the largest body message sent; 0 means
-	// extproc.MaxChunkBytes.
+	// ChunkBytes is the largest body message the Envoy shapes send; 0
+	// means extproc.MaxChunkBytes.
 	ChunkBytes int
 }
 
 // Client opens ext_proc streams to one picker. It is safe for concurrent use.
 type Client struct {
 	pc    extprocv3.ExternalProcessorClient
+	dial  func() (*grpc.ClientConn, error) // set: a new connection per exchange
+	shape Shape
 	mode  Mode
 	chunk int
 }
 
-// New returns a Client using conn, which must reach an ext_proc server.
+// New returns a Client using conn, which must reach an ext_proc server,
+// for every exchange: one long-lived connection carrying many streams, as
+// Envoy holds.
 func New(conn grpc.ClientConnInterface, opts Options) *Client {
+	c := newClient(opts)
+	c.pc = extprocv3.NewExternalProcessorClient(conn)
+	return c
+}
+
+// NewPerRequest returns a Client that opens a new connection with dial
+// for every exchange and closes it when the exchange ends, as NGINX
+// Gateway Fabric's endpoint-picker shim does.
+func NewPerRequest(dial func() (*grpc.ClientConn, error), opts Options) *Client {
+	c := newClient(opts)
+	c.dial = dial
+	return c
+}
+
+func newClient(opts Options) *Client {
 	if opts.ChunkBytes <= 0 {
 		opts.ChunkBytes = extproc.MaxChunkBytes
 	}
-	return &Client{pc: extprocv3.NewExternalProcessorClient(conn), mode: opts.Mode, chunk: opts.ChunkBytes}
+	return &Client{shape: opts.Shape, mode: opts.Mode, chunk: opts.ChunkBytes}
 }
+
+// Shape returns the gateway shape the client plays.
+func (c *Client) Shape() Shape { return c.shape }
 
 // RequestSpec describes one HTTP request as the gateway saw it.
 type RequestSpec struct {
@@ -214,8 +240,10 @@ type Exchange struct {
 	c        *Client
 	stream   extprocv3.ExternalProcessor_ProcessClient
 	cancel   context.CancelFunc
+	conn     *grpc.ClientConn // the exchange's own connection (NewPerRequest)
 	decision Decision
 	respEnd  bool // the response's end_of_stream went through
+	ended    bool // the stream is over: nothing more to send or read
 	closed   bool
 }
 
@@ -223,30 +251,61 @@ type Exchange struct {
 // answer, which Decision returns. ctx bounds the whole exchange: cancelling
 // it resets the stream as Envoy does when the client goes away. On error the
 // stream is already released.
+//
+// With a header-only shape Start also half-closes the stream after the
+// request and reads it to its end: it returns once the picker has ended
+// the stream, and a picker that does not end it keeps Start waiting until
+// ctx ends.
 func (c *Client) Start(ctx context.Context, spec RequestSpec) (*Exchange, error) {
+	pc := c.pc
+	var conn *grpc.ClientConn
+	if c.dial != nil {
+		var err error
+		if conn, err = c.dial(); err != nil {
+			return nil, fmt.Errorf("connect for an ext_proc stream: %w", err)
+		}
+		pc = extprocv3.NewExternalProcessorClient(conn)
+	}
 	sctx, cancel := context.WithCancel(ctx)
-	stream, err := c.pc.Process(sctx)
-	if err != nil {
+	release := func() {
 		cancel()
+		if conn != nil {
+			conn.Close()
+		}
+	}
+	stream, err := pc.Process(sctx)
+	if err != nil {
+		release()
 		return nil, fmt.Errorf("open ext_proc stream: %w", err)
 	}
-	ex := &Exchange{c: c, stream: stream, cancel: cancel}
+	ex := &Exchange{c: c, stream: stream, cancel: cancel, conn: conn}
 	var runErr error
-	if c.mode == Buffered {
+	switch {
+	case c.shape == NginxShim:
+		runErr = ex.runShim(&spec)
+	case c.mode == Buffered:
 		runErr = ex.runBuffered(&spec)
-	} else {
+	default:
 		runErr = ex.runFullDuplex(&spec)
 	}
+	if runErr == nil && c.shape == EnvoySkip {
+		runErr = ex.readToEnd()
+	}
 	if runErr != nil {
-		cancel()
+		release()
 		return nil, fmt.Errorf("ext_proc request phase for %s %s: %w", spec.method(), spec.path(), runErr)
 	}
-	if !ex.decision.Routed() {
-		// The picker ends the stream after an immediate response.
+	if !ex.decision.Routed() || !c.shape.ResponsePhases() {
+		// The picker ends the stream after an immediate response, and a
+		// header-only stream is over once the request is answered.
 		ex.respEnd = true
 	}
 	return ex, nil
 }
+
+// Ended reports whether the stream is already over, so that no response
+// phase can follow: a header-only shape's exchange once Start returns.
+func (ex *Exchange) Ended() bool { return ex.ended }
 
 // Decision returns the picker's answer to the request phase.
 func (ex *Exchange) Decision() *Decision { return &ex.decision }
@@ -280,7 +339,7 @@ func (ex *Exchange) headersMessage(s *RequestSpec, eos bool) *extprocv3.Processi
 		}},
 		ProtocolConfig: &extprocv3.ProtocolConfiguration{
 			RequestBodyMode:  ex.c.mode.proto(),
-			ResponseBodyMode: ex.c.mode.proto(),
+			ResponseBodyMode: ex.c.responseBodyMode(),
 		},
 	}
 	if s.Subset != nil {
@@ -396,6 +455,9 @@ func (ex *Exchange) runFullDuplex(s *RequestSpec) error {
 			return err
 		}
 	}
+	if err := ex.halfClose(); err != nil {
+		return err
+	}
 	t0 := time.Now()
 
 	var (
@@ -458,6 +520,11 @@ func (ex *Exchange) runBuffered(s *RequestSpec) error {
 	if _, err := ex.send(ex.headersMessage(s, !hasBody)); err != nil {
 		return err
 	}
+	if !hasBody {
+		if err := ex.halfClose(); err != nil {
+			return err
+		}
+	}
 	m, err := ex.recv()
 	if err != nil {
 		return err
@@ -481,6 +548,9 @@ func (ex *Exchange) runBuffered(s *RequestSpec) error {
 	if _, err := ex.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
 		RequestBody: &extprocv3.HttpBody{Body: s.Body, EndOfStream: true},
 	}}); err != nil {
+		return err
+	}
+	if err := ex.halfClose(); err != nil {
 		return err
 	}
 	if m, err = ex.recv(); err != nil {
@@ -559,6 +629,9 @@ func immediate(ir *extprocv3.ImmediateResponse) *ImmediateResponse {
 // x-gateway-destination-endpoint-served. It returns the picker's header
 // mutation for the client response.
 func (ex *Exchange) SendResponseHeaders(status int, h http.Header, endOfStream bool, served string) (*HeaderMutation, error) {
+	if !ex.c.shape.ResponsePhases() {
+		return nil, fmt.Errorf("the %s gateway sends no response phase", ex.c.shape)
+	}
 	if ex.closed || ex.respEnd {
 		return nil, errors.New("response headers after the exchange ended")
 	}
@@ -599,6 +672,9 @@ func (ex *Exchange) SendResponseHeaders(status int, h http.Header, endOfStream b
 // message is expected to get exactly one answer, which is how FULL_DUPLEX
 // pickers that pass bodies through (Laneway's included) behave.
 func (ex *Exchange) SendResponseBody(chunk []byte, eos bool) ([]byte, error) {
+	if !ex.c.shape.ResponsePhases() {
+		return nil, fmt.Errorf("the %s gateway sends no response phase", ex.c.shape)
+	}
 	if ex.closed || ex.respEnd {
 		return nil, errors.New("response body after the exchange ended")
 	}
@@ -658,14 +734,20 @@ func (ex *Exchange) Respond(status int, h http.Header, chunks ...[]byte) (*Heade
 // Close ends the exchange. After a complete response the stream is
 // half-closed and drained so the picker sees an orderly end; otherwise it is
 // reset, which is what Envoy does when the client or upstream goes away.
-// Close is idempotent.
+// A stream already over (Ended) only has its resources released, and an
+// exchange on its own connection closes that too. Close is idempotent.
 func (ex *Exchange) Close() error {
 	if ex.closed {
 		return nil
 	}
 	ex.closed = true
-	defer ex.cancel()
-	if !ex.respEnd {
+	defer func() {
+		ex.cancel()
+		if ex.conn != nil {
+			ex.conn.Close()
+		}
+	}()
+	if !ex.respEnd || ex.ended {
 		return nil
 	}
 	if err := ex.stream.CloseSend(); err != nil {

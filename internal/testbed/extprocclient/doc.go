@@ -19,6 +19,15 @@
 // answer. Decision.Latency is SPEC §13's decision latency: from sending the
 // last request message to receiving the request-headers answer.
 //
+// Not every gateway plays the response phases. Options.Shape selects a
+// header-only gateway instead: Envoy with response_header_mode SKIP and
+// response_body_mode NONE (EnvoySkip), or NGINX Gateway Fabric's
+// endpoint-picker shim (NginxShim, with NewPerRequest for its connection
+// per request). Their Start half-closes the stream after the request and
+// returns once the picker has ended it; Exchange.Ended is then true and
+// no response phase can be sent. Suites use them to show what a picker
+// does when it never hears of the response.
+//
 // The command-line gateway (cmd/gateway), integration tests and the load tool
 // all drive the picker through this package.
 package extprocclient

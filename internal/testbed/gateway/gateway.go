@@ -43,6 +43,11 @@ type Options struct {
 	DialTimeout time.Duration
 	// Logger receives per-request errors at verbosity 2.
 	Logger logr.Logger
+	// Shape is the ext_proc gateway played: Envoy with every phase (the
+	// zero value), or a header-only one (extprocclient.EnvoySkip,
+	// extprocclient.NginxShim) whose streams end with the picker's answer,
+	// the response then going to the client without the picker seeing it.
+	Shape extprocclient.Shape
 }
 
 // Gateway is an http.Handler that routes every request through the picker.
@@ -52,8 +57,20 @@ type Gateway struct {
 	opts      Options
 }
 
-// New returns a Gateway that consults the picker behind conn.
+// New returns a Gateway that consults the picker behind conn, one
+// long-lived connection for every request.
 func New(conn grpc.ClientConnInterface, opts Options) *Gateway {
+	return newGateway(extprocclient.New(conn, extprocclient.Options{Shape: opts.Shape}), opts)
+}
+
+// NewPerRequest returns a Gateway that opens a new connection to the
+// picker with dial for every request and closes it when the request ends,
+// as NGINX Gateway Fabric's endpoint-picker shim does.
+func NewPerRequest(dial func() (*grpc.ClientConn, error), opts Options) *Gateway {
+	return newGateway(extprocclient.NewPerRequest(dial, extprocclient.Options{Shape: opts.Shape}), opts)
+}
+
+func newGateway(epp *extprocclient.Client, opts Options) *Gateway {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 64 << 20
 	}
@@ -61,7 +78,7 @@ func New(conn grpc.ClientConnInterface, opts Options) *Gateway {
 		opts.DialTimeout = 2 * time.Second
 	}
 	return &Gateway{
-		epp: extprocclient.New(conn, extprocclient.Options{}),
+		epp: epp,
 		transport: &http.Transport{
 			// No Proxy: endpoints are pod addresses, never reached through
 			// an environment-configured proxy.
@@ -148,6 +165,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer ex.Close()
+	if ex.Ended() {
+		// A header-only stream is over: its connection, when it has one
+		// of its own, goes now, as the shim's does, not after the
+		// response.
+		_ = ex.Close()
+	}
 	d := ex.Decision()
 	if !d.Routed() {
 		for k, vs := range d.Immediate.Headers {
@@ -219,6 +242,19 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 
 	respHeader := stripHop(resp.Header)
 	noBody := resp.Body == http.NoBody || resp.ContentLength == 0
+	if ex.Ended() {
+		// A header-only gateway: the response goes to the client
+		// without the picker.
+		respHeader.Set(HeaderServedBy, served)
+		for k, vs := range respHeader {
+			w.Header()[k] = vs
+		}
+		w.WriteHeader(resp.StatusCode)
+		if !noBody {
+			g.copyBody(w, resp.Body)
+		}
+		return
+	}
 	mut, err := ex.SendResponseHeaders(resp.StatusCode, respHeader, noBody, served)
 	if err != nil {
 		g.opts.Logger.V(2).Info("ext_proc response headers failed", "error", err.Error())
@@ -235,6 +271,13 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	w.WriteHeader(resp.StatusCode)
 	if noBody {
+		return
+	}
+	// The headers go to the client at once, as Envoy forwards them once the
+	// picker has seen them: a streaming client sees its request accepted
+	// while it still waits for its first token (modelsim, like vLLM, sends
+	// its headers as it takes the request).
+	if err := http.NewResponseController(w).Flush(); err != nil {
 		return
 	}
 	g.streamBody(w, resp.Body, ex)
@@ -271,6 +314,31 @@ func (g *Gateway) streamBody(w http.ResponseWriter, body io.Reader, ex *extprocc
 		}
 		if eos {
 			return
+		}
+	}
+}
+
+// copyBody streams an upstream body straight to the client, flushing
+// each read so server-sent events arrive as they are produced.
+func (g *Gateway) copyBody(w http.ResponseWriter, body io.Reader) {
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		n, rerr := body.Read(buf)
+		if n > 0 {
+			if _, err := w.Write(buf[:n]); err != nil {
+				return // client gone
+			}
+			if err := rc.Flush(); err != nil {
+				return
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			return
+		}
+		if rerr != nil {
+			g.opts.Logger.V(2).Info("upstream body failed", "error", rerr.Error())
+			panic(http.ErrAbortHandler)
 		}
 	}
 }

@@ -16,6 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
 	"github.com/laneway-dev/laneway/internal/testbed/fixture"
 	"github.com/laneway-dev/laneway/internal/testbed/gateway"
 	"github.com/laneway-dev/laneway/pkg/extproc"
@@ -280,6 +284,42 @@ func TestStreamingResponse(t *testing.T) {
 	}
 }
 
+// TestHeadersBeforeBody: the response headers reach the client as soon as
+// the backend sends them, before any body byte, as Envoy forwards them: a
+// streaming client sees its request accepted while it still waits for its
+// first token (the backend sends nothing more until the client has the
+// headers).
+func TestHeadersBeforeBody(t *testing.T) {
+	clientSawHeaders := make(chan struct{})
+	backend := startBackend(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-clientSawHeaders:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
+		return extproc.Decision{Endpoints: []string{backend}}, nil
+	})
+	url := startGateway(t, fixture.ServeExtProc(t, d, false), false, gateway.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", strings.NewReader(`{"stream":true}`))
+	resp, err := http.DefaultClient.Do(req) // a gateway holding the headers back deadlocks here until the timeout
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	defer resp.Body.Close()
+	close(clientSawHeaders)
+	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != "data: [DONE]\n\n" {
+		t.Fatalf("body %q, %v", b, err)
+	}
+}
+
 func TestFallbackOnConnectFailure(t *testing.T) {
 	live := startBackend(t, "127.0.0.3", reporter("live", nil))
 	dead1, dead2 := deadAddr(t, "127.0.0.2"), deadAddr(t, "127.0.0.4")
@@ -401,5 +441,129 @@ func TestConfigValidate(t *testing.T) {
 				t.Errorf("Validate() = %v, want error containing %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestHeaderOnlyGateway: with a header-only shape the picker's stream is
+// over (Lifecycle.Done, no first byte) before the request reaches the
+// model server, and the response streams to the client without the
+// picker, chunk by chunk.
+func TestHeaderOnlyGateway(t *testing.T) {
+	tests := []struct {
+		name   string
+		shape  extprocclient.Shape
+		perReq bool
+	}{
+		{name: "envoy skip", shape: extprocclient.EnvoySkip},
+		{name: "nginx shim", shape: extprocclient.NginxShim, perReq: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			lc := &events{done: make(chan struct{})}
+			clientSawFirst := make(chan struct{})
+			doneFirst := make(chan bool, 1)
+			backend := startBackend(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				select {
+				case <-lc.done:
+					doneFirst <- true
+				default:
+					doneFirst <- false
+				}
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, "data: first\n\n")
+				w.(http.Flusher).Flush()
+				select {
+				case <-clientSawFirst:
+				case <-r.Context().Done():
+					return
+				}
+				_, _ = io.WriteString(w, "data: [DONE]\n\n")
+			}))
+			d := deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
+				return extproc.Decision{Endpoints: []string{backend}, Lifecycle: lc}, nil
+			})
+			eppAddr := fixture.ServeExtProc(t, d, true)
+			opts := gateway.Options{Shape: tc.shape}
+			var g *gateway.Gateway
+			if tc.perReq {
+				g = gateway.NewPerRequest(func() (*grpc.ClientConn, error) {
+					return gateway.Dial(eppAddr, gateway.DialOptions{TLS: true, InsecureSkipVerify: true})
+				}, opts)
+			} else {
+				conn, err := gateway.Dial(eppAddr, gateway.DialOptions{TLS: true, InsecureSkipVerify: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { conn.Close() })
+				g = gateway.New(conn, opts)
+			}
+			srv := httptest.NewServer(g)
+			t.Cleanup(func() { srv.Close(); g.Close() })
+
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/completions", strings.NewReader(`{"stream":true}`))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatalf("request: %v", err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || resp.Header.Get(gateway.HeaderServedBy) != backend {
+				t.Errorf("status %d, headers %v", resp.StatusCode, resp.Header)
+			}
+			br := bufio.NewReader(resp.Body)
+			var got []string
+			for {
+				line, err := br.ReadString('\n')
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("read stream (a buffering hop deadlocks here until the timeout): %v", err)
+				}
+				if strings.HasPrefix(line, "data: ") {
+					got = append(got, strings.TrimSpace(strings.TrimPrefix(line, "data: ")))
+					if len(got) == 1 {
+						close(clientSawFirst)
+					}
+				}
+			}
+			if want := []string{"first", "[DONE]"}; !slices.Equal(got, want) {
+				t.Errorf("events %v, want %v", got, want)
+			}
+			if !<-doneFirst {
+				t.Error("the picker's stream was still open when the request reached the model server")
+			}
+			lc.mu.Lock()
+			defer lc.mu.Unlock()
+			if want := []string{"done"}; !slices.Equal(lc.list, want) {
+				t.Errorf("lifecycle %v, want %v", lc.list, want)
+			}
+		})
+	}
+}
+
+// TestShapeFlags: the response-phase and connection flags choose the
+// gateway played.
+func TestShapeFlags(t *testing.T) {
+	tests := []struct {
+		args []string
+		want extprocclient.Shape
+	}{
+		{nil, extprocclient.Envoy},
+		{[]string{"--epp-conn-per-request"}, extprocclient.Envoy},
+		{[]string{"--response-phases=false"}, extprocclient.EnvoySkip},
+		{[]string{"--response-phases=false", "--epp-conn-per-request"}, extprocclient.NginxShim},
+	}
+	for _, tc := range tests {
+		c := gateway.NewConfig()
+		fs := pflag.NewFlagSet("gateway", pflag.ContinueOnError)
+		c.AddFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if got := c.Shape(); got != tc.want {
+			t.Errorf("%v: shape %s, want %s", tc.args, got, tc.want)
+		}
 	}
 }

@@ -10,6 +10,9 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+
+	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
 )
 
 // Config is the command-line configuration of the local gateway.
@@ -20,8 +23,17 @@ type Config struct {
 	EPP string
 	// Dial configures the connection to the picker.
 	Dial DialOptions
-	// Gateway holds the per-request options.
+	// Gateway holds the per-request options. Its Shape is set from
+	// ResponsePhases and ConnPerRequest.
 	Gateway Options
+	// ResponsePhases plays the response phases on the ext_proc stream
+	// (Envoy with every phase). Off, the gateway sends only the request
+	// and half-closes: Envoy with the response phases skipped, or, with
+	// ConnPerRequest, NGINX Gateway Fabric's endpoint-picker shim.
+	ResponsePhases bool
+	// ConnPerRequest opens a new connection to the picker for every
+	// request instead of one long-lived connection.
+	ConnPerRequest bool
 	// Verbosity is the log level (2 default, 4 per-request diagnostics).
 	Verbosity int
 }
@@ -30,11 +42,12 @@ type Config struct {
 // 127.0.0.1:9002 over TLS.
 func NewConfig() *Config {
 	return &Config{
-		Listen:    "127.0.0.1:8080",
-		EPP:       "127.0.0.1:9002",
-		Dial:      DialOptions{TLS: true},
-		Gateway:   Options{Timeout: 10 * time.Minute, MaxBodyBytes: 64 << 20, DialTimeout: 2 * time.Second},
-		Verbosity: 2,
+		Listen:         "127.0.0.1:8080",
+		EPP:            "127.0.0.1:9002",
+		Dial:           DialOptions{TLS: true},
+		Gateway:        Options{Timeout: 10 * time.Minute, MaxBodyBytes: 64 << 20, DialTimeout: 2 * time.Second},
+		ResponsePhases: true,
+		Verbosity:      2,
 	}
 }
 
@@ -52,7 +65,24 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&c.Gateway.MaxBodyBytes, "max-body-bytes", c.Gateway.MaxBodyBytes, "largest request body accepted")
 	fs.DurationVar(&c.Gateway.DialTimeout, "dial-timeout", c.Gateway.DialTimeout,
 		"bound on connecting to one endpoint before falling back to the next")
+	fs.BoolVar(&c.ResponsePhases, "response-phases", c.ResponsePhases,
+		"send the response phases to the picker; false sends only the request and half-closes the stream, "+
+			"as Envoy with the response phases skipped does (with --epp-conn-per-request: as NGINX Gateway Fabric's endpoint-picker shim)")
+	fs.BoolVar(&c.ConnPerRequest, "epp-conn-per-request", c.ConnPerRequest,
+		"open a new connection to the picker for every request instead of one long-lived connection")
 	fs.IntVarP(&c.Verbosity, "v", "v", c.Verbosity, "log verbosity")
+}
+
+// Shape is the ext_proc gateway the flags ask for.
+func (c *Config) Shape() extprocclient.Shape {
+	switch {
+	case c.ResponsePhases:
+		return extprocclient.Envoy
+	case c.ConnPerRequest:
+		return extprocclient.NginxShim
+	default:
+		return extprocclient.EnvoySkip
+	}
 }
 
 // Validate checks the configuration.
@@ -78,14 +108,20 @@ func (c *Config) Validate() error {
 // Run serves the gateway until ctx ends, then drains in-flight requests for
 // up to 10 s.
 func Run(ctx context.Context, c *Config, log logr.Logger) error {
-	conn, err := Dial(c.EPP, c.Dial)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
 	opts := c.Gateway
 	opts.Logger = log
-	g := New(conn, opts)
+	opts.Shape = c.Shape()
+	var g *Gateway
+	if c.ConnPerRequest {
+		g = NewPerRequest(func() (*grpc.ClientConn, error) { return Dial(c.EPP, c.Dial) }, opts)
+	} else {
+		conn, err := Dial(c.EPP, c.Dial)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		g = New(conn, opts)
+	}
 	defer g.Close()
 
 	lis, err := net.Listen("tcp", c.Listen)
@@ -95,7 +131,8 @@ func Run(ctx context.Context, c *Config, log logr.Logger) error {
 	srv := &http.Server{Handler: g, ReadHeaderTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
-	log.Info("gateway serving", "listen", lis.Addr().String(), "epp", c.EPP, "eppTLS", c.Dial.TLS)
+	log.Info("gateway serving", "listen", lis.Addr().String(), "epp", c.EPP, "eppTLS", c.Dial.TLS,
+		"shape", opts.Shape.String(), "eppConnPerRequest", c.ConnPerRequest)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve %s: %w", c.Listen, err)

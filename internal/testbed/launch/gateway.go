@@ -23,6 +23,14 @@ type GatewayOptions struct {
 	// Timeout is --timeout, the bound on one whole request; 0 keeps the
 	// gateway's default.
 	Timeout time.Duration
+	// HeaderOnly is --response-phases=false: the gateway sends the picker
+	// only the request and half-closes each stream, as gateways that
+	// send no response phase do (Envoy with them skipped; with
+	// ConnPerRequest, NGINX Gateway Fabric's endpoint-picker shim).
+	HeaderOnly bool
+	// ConnPerRequest is --epp-conn-per-request: a new connection to the
+	// picker for every request.
+	ConnPerRequest bool
 	// Args are further flags.
 	Args []string
 	// Proc holds the options every start takes.
@@ -56,6 +64,12 @@ func (b Binaries) StartGateway(ctx context.Context, o GatewayOptions) (*Gateway,
 	}
 	if o.Timeout != 0 {
 		args = append(args, "--timeout="+o.Timeout.String())
+	}
+	if o.HeaderOnly {
+		args = append(args, "--response-phases=false")
+	}
+	if o.ConnPerRequest {
+		args = append(args, "--epp-conn-per-request")
 	}
 	args = append(args, o.Args...)
 	proc, err := o.Proc.start(CmdGateway, bin, args)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // page is a Prometheus text page with every type the reader reads.
@@ -135,5 +136,43 @@ func TestPage(t *testing.T) {
 	}
 	if got := PageAt("127.0.0.1:9090"); got != "http://127.0.0.1:9090/metrics" {
 		t.Errorf("PageAt = %q", got)
+	}
+}
+
+// TestWatchMax: the watch keeps the largest value of every sample, the
+// last one (taken at Stop) included.
+func TestWatchMax(t *testing.T) {
+	values := []string{"1", "5", "3"}
+	var served atomic.Int32
+	allServed := make(chan struct{})
+	final := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		n := int(served.Add(1))
+		v := "2"
+		switch {
+		case n <= len(values):
+			v = values[n-1]
+			if n == len(values) {
+				close(allServed)
+			}
+		default:
+			select {
+			case <-final: // Stop's sample
+				v = "7"
+			default:
+			}
+		}
+		_, _ = w.Write([]byte("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} " + v + "\n"))
+	}))
+	defer srv.Close()
+	w := Page(srv.URL).WatchMax(time.Millisecond, "vllm:num_requests_waiting")
+	<-allServed
+	if max, n := w.Max(); max != 5 || n < 2 {
+		t.Errorf("Max() = %v after %d samples, want 5 once the 5 was served", max, n)
+	}
+	close(final)
+	max, n, err := w.Stop()
+	if err != nil || max != 7 || n < len(values)+1 {
+		t.Errorf("Stop() = %v, %d samples, %v; want 7 (the last sample), at least %d samples, no error", max, n, err, len(values)+1)
 	}
 }

@@ -32,12 +32,14 @@ type H2Runner struct {
 }
 
 // PlanFor is the exchange every stream of cfg plays: the same request the
-// gRPC runner sends and the same small SSE response.
+// gRPC runner sends and the same small SSE response (none when
+// cfg.HeaderOnly).
 func PlanFor(cfg *Config) (*h2client.Plan, error) {
 	spec := specFor(cfg)
 	return h2client.NewPlan(h2client.Exchange{
 		Path: spec.Path, Headers: spec.Headers, Body: spec.Body,
 		ResponseStatus: http.StatusOK, ResponseHeaders: responseHeaders, ResponseBody: responseChunk,
+		HeaderOnly: cfg.HeaderOnly,
 	})
 }
 

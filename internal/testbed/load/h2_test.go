@@ -15,20 +15,24 @@ import (
 // phases, and the picker counts each stream once as routed.
 func TestH2RunnerAgainstPicker(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		hold   time.Duration
-		tokens int
+		name       string
+		hold       time.Duration
+		tokens     int
+		headerOnly bool
 	}{
-		{"hold 50ms", 50 * time.Millisecond, 256},
-		{"no hold", 0, 256},
+		{"hold 50ms", 50 * time.Millisecond, 256, false},
+		{"no hold", 0, 256, false},
 		// 40k token ids are a ~240 kB body: four 62,000-byte messages, each
 		// split into frames and paced by the picker's windows.
-		{"large body", 10 * time.Millisecond, 40_000},
+		{"large body", 10 * time.Millisecond, 40_000, false},
+		// No response phases: the picker ends each stream after its
+		// answer, so the run ends without waiting out the hold.
+		{"header only", MaxHold, 256, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := startPicker(t, idleEndpoint(t))
 			r := &H2Runner{Addr: p.GRPCAddr, Conns: 2, PickerCPU: ProcCPU(p.Cmd.Process.Pid)}
-			res, err := r.RunOpen(context.Background(), Config{Rate: 400, Hold: tc.hold, Duration: 500 * time.Millisecond, PromptTokens: tc.tokens})
+			res, err := r.RunOpen(context.Background(), Config{Rate: 400, Hold: tc.hold, Duration: 500 * time.Millisecond, PromptTokens: tc.tokens, HeaderOnly: tc.headerOnly})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -45,6 +45,11 @@ type Config struct {
 	PromptTokens int
 	// Headers are extra request headers (for example a class header).
 	Headers http.Header
+	// HeaderOnly plays a gateway that sends no response phase: each
+	// stream is half-closed after the request and is over when the
+	// picker ends it after its answer, so Hold does not apply. Runner's
+	// clients must then have a header-only extprocclient.Shape.
+	HeaderOnly bool
 }
 
 // Validate checks the bounds of a run.
@@ -80,7 +85,9 @@ func (c *Config) Validate(closed bool) error {
 // Result is what a run observed.
 type Result struct {
 	// Mode is "open" or "closed".
-	Mode        string
+	Mode string
+	// HeaderOnly reports a run without response phases (Config.HeaderOnly).
+	HeaderOnly  bool
 	Rate        float64
 	Concurrency int
 	Hold        time.Duration
@@ -240,8 +247,8 @@ func (r *Runner) one(ctx context.Context, c *extprocclient.Client, spec extprocc
 		s.byStatus[d.Immediate.Status]++
 	}
 	s.mu.Unlock()
-	if !d.Routed() {
-		return
+	if !d.Routed() || ex.Ended() {
+		return // answered directly, or a header-only stream already over
 	}
 	if hold > 0 {
 		t := time.NewTimer(hold)
@@ -287,6 +294,20 @@ func BodyFor(n, shared, seed int) []byte {
 		panic(fmt.Sprintf("marshal load body: %v", err)) // ints and strings only
 	}
 	return b
+}
+
+// checkClients makes sure the clients play the response phases exactly
+// when cfg asks for them.
+func (r *Runner) checkClients(cfg *Config) error {
+	if len(r.Clients) == 0 {
+		return errors.New("load: no clients")
+	}
+	for _, c := range r.Clients {
+		if c.Shape().ResponsePhases() == cfg.HeaderOnly {
+			return fmt.Errorf("load: a %s client in a run with header-only %t", c.Shape(), cfg.HeaderOnly)
+		}
+	}
+	return nil
 }
 
 func specFor(cfg *Config) extprocclient.RequestSpec {
@@ -339,8 +360,8 @@ func (r *Runner) RunOpen(ctx context.Context, cfg Config) (Result, error) {
 	if err := cfg.Validate(false); err != nil {
 		return Result{}, err
 	}
-	if len(r.Clients) == 0 {
-		return Result{}, errors.New("load: no clients")
+	if err := r.checkClients(&cfg); err != nil {
+		return Result{}, err
 	}
 	spec := specFor(&cfg)
 	s := newOpenStats(&cfg)
@@ -374,7 +395,7 @@ func (r *Runner) openLoop(ctx context.Context, cfg *Config, s *stats, launch fun
 	}
 	total := int(cfg.Rate * cfg.Duration.Seconds())
 	interval := time.Duration(float64(time.Second) / cfg.Rate)
-	res := Result{Mode: "open", Rate: cfg.Rate, Hold: cfg.Hold, Duration: cfg.Duration}
+	res := Result{Mode: "open", HeaderOnly: cfg.HeaderOnly, Rate: cfg.Rate, Hold: cfg.Hold, Duration: cfg.Duration}
 
 	cpu0, cpuOK := r.sampleCPU()
 	self0 := selfCPU()
@@ -424,12 +445,12 @@ func (r *Runner) RunClosed(ctx context.Context, cfg Config) (Result, error) {
 	if err := cfg.Validate(true); err != nil {
 		return Result{}, err
 	}
-	if len(r.Clients) == 0 {
-		return Result{}, errors.New("load: no clients")
+	if err := r.checkClients(&cfg); err != nil {
+		return Result{}, err
 	}
 	spec := specFor(&cfg)
 	s := &stats{byStatus: map[int]int{}}
-	res := Result{Mode: "closed", Concurrency: cfg.Concurrency, Hold: cfg.Hold, Duration: cfg.Duration}
+	res := Result{Mode: "closed", HeaderOnly: cfg.HeaderOnly, Concurrency: cfg.Concurrency, Hold: cfg.Hold, Duration: cfg.Duration}
 	var started atomic.Int64
 
 	cpu0, cpuOK := r.sampleCPU()
@@ -471,6 +492,9 @@ func (res *Result) String() string {
 	} else {
 		head = fmt.Sprintf("CLOSED LOOP concurrency=%d hold=%s duration=%s (throughput run; latency = N/throughput)",
 			res.Concurrency, res.Hold, res.Duration)
+	}
+	if res.HeaderOnly {
+		head += "\n  header-only: no response phases, each stream ends with the picker's answer (hold unused)"
 	}
 	out := head + "\n" +
 		fmt.Sprintf("  requests: %d started, %d routed, %d answered directly %v, %d errors, %d skipped at the concurrency cap\n",

@@ -203,3 +203,25 @@ func TestRunClosed(t *testing.T) {
 		}
 	})
 }
+
+// TestRunHeaderOnly: with header-only clients the picker ends each stream
+// after its answer, so the run does not wait out the hold; a run whose
+// clients do not match its Config is refused.
+func TestRunHeaderOnly(t *testing.T) {
+	p, envoy := startPicker(t, idleEndpoint(t))
+	skip := &Runner{Clients: []*extprocclient.Client{p.Client(t, extprocclient.Options{Shape: extprocclient.EnvoySkip})}}
+	cfg := Config{Rate: 100, Hold: MaxHold, Duration: 500 * time.Millisecond, PromptTokens: 16, HeaderOnly: true}
+	res, err := skip.RunOpen(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Routed != 50 || res.Errors != 0 || !res.HeaderOnly || !strings.Contains(res.String(), "header-only") {
+		t.Fatalf("result %+v, want 50 routed header-only", res)
+	}
+	if _, err := envoy.RunOpen(context.Background(), cfg); err == nil {
+		t.Error("a header-only run with clients that play the response phases was not refused")
+	}
+	if _, err := skip.RunClosed(context.Background(), Config{Concurrency: 1, Duration: time.Second, PromptTokens: 16}); err == nil {
+		t.Error("a run with response phases and header-only clients was not refused")
+	}
+}

@@ -73,6 +73,8 @@ type SoakConfig struct {
 	Hold         time.Duration
 	Duration     time.Duration
 	PromptTokens int
+	// HeaderOnly is as in Config: no response phases.
+	HeaderOnly bool
 	// SharedPromptTokens of each prompt are the same in every request (a
 	// system prompt, which the picker's prefix index sees as cached); the
 	// rest differ per request.
@@ -382,7 +384,7 @@ func (k *Soak) Run(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	}()
 
 	base := &Runner{}
-	lcfg := Config{Rate: cfg.Rate, Hold: cfg.Hold, Duration: cfg.Duration, PromptTokens: cfg.PromptTokens}
+	lcfg := Config{Rate: cfg.Rate, Hold: cfg.Hold, Duration: cfg.Duration, PromptTokens: cfg.PromptTokens, HeaderOnly: cfg.HeaderOnly}
 	res.Load, err = base.openLoop(ctx, &lcfg, run.s, func(i int) {
 		run.s.mu.Lock()
 		run.tags[i].started = true
@@ -424,6 +426,7 @@ func soakExchange(spec extprocclient.RequestSpec, cfg SoakConfig, tag int) h2cli
 	return h2client.Exchange{
 		Path: spec.Path, Headers: spec.Headers, Body: BodyFor(cfg.PromptTokens, min(cfg.SharedPromptTokens, cfg.PromptTokens), tag),
 		ResponseStatus: http.StatusOK, ResponseHeaders: responseHeaders, ResponseBody: responseChunk,
+		HeaderOnly: cfg.HeaderOnly,
 	}
 }
 

@@ -16,7 +16,10 @@
 // Prompts are tokenized with package tokenize (exact for token-id prompts)
 // and hashed per full block of --block-size tokens for the model's prefix
 // cache. vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total
-// count prompt tokens and cached tokens at admission.
+// count prompt tokens and cached tokens at admission, and each response's
+// usage names its own hit as OpenAI's prompt_tokens_details.cached_tokens
+// (vLLM's with --enable-prompt-tokens-details), so a client replaying a
+// trace learns every request's hit.
 //
 // In a disaggregated pool (--role) a decode or prefill-decode server acts
 // as llm-d's decode sidecar for a request with x-prefiller-host-port: it

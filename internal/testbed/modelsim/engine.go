@@ -319,9 +319,11 @@ func (e *Engine) apply(evs []engine.Event) {
 		case engine.FirstToken:
 			s.firstToken = now
 			e.m.ttft.Observe(now.Sub(s.Arrival).Seconds())
+			// As vLLM v1 counts it: the whole prompt, at the step that
+			// finished its prefill (what a picker reconciles against).
+			e.m.promptTokens.Add(float64(s.PromptTokens))
 		case engine.Done:
 			s.finish = now
-			e.m.promptTokens.Add(float64(s.PromptTokens))
 			e.m.success.Inc()
 			e.m.e2e.Observe(now.Sub(s.Arrival).Seconds())
 			e.end(s, seqFinished, "length")

@@ -367,10 +367,14 @@ func (rs *response) id() string {
 	return "cmpl-" + strconv.FormatUint(rs.seq.ID, 10)
 }
 
-func (rs *response) usage() map[string]int {
+// usage is the response's usage object, with OpenAI's
+// prompt_tokens_details.cached_tokens: the prefix-cache hit at admission
+// (valid once a token has been generated, as it has when usage is sent).
+func (rs *response) usage() map[string]any {
 	n := rs.seq.Generated()
-	return map[string]int{"prompt_tokens": rs.seq.PromptTokens, "completion_tokens": n,
-		"total_tokens": rs.seq.PromptTokens + n}
+	return map[string]any{"prompt_tokens": rs.seq.PromptTokens, "completion_tokens": n,
+		"total_tokens":          rs.seq.PromptTokens + n,
+		"prompt_tokens_details": map[string]int{"cached_tokens": rs.seq.CachedTokens()}}
 }
 
 func (rs *response) whole(w http.ResponseWriter, ctx context.Context) {
@@ -425,7 +429,7 @@ func (rs *response) stream(w http.ResponseWriter, ctx context.Context) {
 	if rs.chat {
 		obj = "chat.completion.chunk"
 	}
-	event := func(choices []any, usage map[string]int) {
+	event := func(choices []any, usage map[string]any) {
 		m := map[string]any{"id": rs.id(), "object": obj, "created": rs.created, "model": rs.model, "choices": choices}
 		if usage != nil {
 			m["usage"] = usage

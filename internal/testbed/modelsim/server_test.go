@@ -567,7 +567,7 @@ func TestStreamingFormat(t *testing.T) {
 			chat := strings.Contains(tt.path, "chat")
 			var texts []string
 			finishes := 0
-			var usage map[string]int
+			var usage map[string]any
 			for i, ev := range r.events[:len(r.events)-1] {
 				var c struct {
 					Object  string `json:"object"`
@@ -576,7 +576,7 @@ func TestStreamingFormat(t *testing.T) {
 						Delta        *struct{ Role, Content *string }
 						FinishReason *string `json:"finish_reason"`
 					} `json:"choices"`
-					Usage map[string]int `json:"usage"`
+					Usage map[string]any `json:"usage"`
 				}
 				if err := json.Unmarshal([]byte(ev), &c); err != nil {
 					t.Fatalf("event %d %q: %v", i, ev, err)
@@ -619,12 +619,13 @@ func TestStreamingFormat(t *testing.T) {
 			if tt.includeUsage != (usage != nil) {
 				t.Fatalf("usage chunk present = %v, want %v", usage != nil, tt.includeUsage)
 			}
-			if usage != nil && (usage["completion_tokens"] != 3 || usage["prompt_tokens"] < 1 ||
-				usage["total_tokens"] != usage["prompt_tokens"]+3) {
+			count := func(k string) float64 { v, _ := usage[k].(float64); return v }
+			if usage != nil && (count("completion_tokens") != 3 || count("prompt_tokens") < 1 ||
+				count("total_tokens") != count("prompt_tokens")+3) {
 				t.Errorf("usage %v", usage)
 			}
-			if tt.name == "completions with usage" && usage["prompt_tokens"] != 3 {
-				t.Errorf("token-id prompt counted %d tokens, want exactly 3", usage["prompt_tokens"])
+			if tt.name == "completions with usage" && count("prompt_tokens") != 3 {
+				t.Errorf("token-id prompt counted %v tokens, want exactly 3", usage["prompt_tokens"])
 			}
 		})
 	}
@@ -860,5 +861,56 @@ func TestHoldAndRelease(t *testing.T) {
 	}
 	if n := len(s.debug(t).Records); n != 1 {
 		t.Fatalf("%d finished records after release, want 1", n)
+	}
+}
+
+// TestUsageCachedTokens: the usage of a response names the prefix-cache
+// hit as OpenAI's usage.prompt_tokens_details.cached_tokens, streamed and
+// whole, so a client replaying a trace learns each request's hit.
+func TestUsageCachedTokens(t *testing.T) {
+	s := startSim(t, func(c *Config) { c.Speedup = 20 })
+	type usage struct {
+		PromptTokens int `json:"prompt_tokens"`
+		Details      *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	}
+	streamed := func(prompt []int) usage {
+		r := s.stream(t, "/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 2,
+			"stream_options": map[string]any{"include_usage": true}})
+		var c struct {
+			Usage *usage `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(r.events[len(r.events)-2]), &c); err != nil || c.Usage == nil {
+			t.Fatalf("usage chunk %q: %v", r.events[len(r.events)-2], err)
+		}
+		return *c.Usage
+	}
+	whole := func(prompt []int) usage {
+		resp := s.post(t, "/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 2})
+		defer resp.Body.Close()
+		var out struct{ Usage usage }
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		return out.Usage
+	}
+	// 100 tokens at block size 16: 6 whole blocks below the last token.
+	a, b := ids(100, 1), append(ids(40, 1), ids(60, 2)...)
+	for _, tt := range []struct {
+		name       string
+		send       func([]int) usage
+		prompt     []int
+		wantCached int
+	}{
+		{"first", streamed, a, 0},
+		{"again, streamed", streamed, a, 96},
+		{"again, whole", whole, a, 96},
+		{"the first 40 tokens shared: 2 blocks", streamed, b, 32},
+	} {
+		u := tt.send(tt.prompt)
+		if u.Details == nil || u.Details.CachedTokens != tt.wantCached || u.PromptTokens != len(tt.prompt) {
+			t.Errorf("%s: usage %+v (details %+v), want %d prompt tokens, %d cached", tt.name, u, u.Details, len(tt.prompt), tt.wantCached)
+		}
 	}
 }

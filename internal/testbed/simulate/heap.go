@@ -1,5 +1,7 @@
 package simulate
 
+import "github.com/laneway-dev/laneway/pkg/iheap"
+
 // Event kinds of the simulation's heap (arrivals come from the trace in
 // order and need no heap).
 const (
@@ -19,7 +21,7 @@ type event struct {
 	gen  uint32
 }
 
-func (a *event) before(b *event) bool {
+func (a event) before(b event) bool {
 	if a.at != b.at {
 		return a.at < b.at
 	}
@@ -29,45 +31,15 @@ func (a *event) before(b *event) bool {
 	return a.idx < b.idx
 }
 
-// eventHeap is a binary min-heap of events by time.
-type eventHeap struct{ h []event }
+// eventHeap is a min-heap of events by time: an iheap.Heap keyed by the
+// time (sign flipped so that the unsigned key keeps the order of negative
+// times too), with before breaking ties. Events never leave early, so they
+// keep no position.
+type eventHeap struct{ h iheap.Heap[event] }
 
-func (q *eventHeap) len() int    { return len(q.h) }
-func (q *eventHeap) top() *event { return &q.h[0] }
-func (q *eventHeap) push(e event) {
-	q.h = append(q.h, e)
-	h := q.h
-	for j := len(h) - 1; j > 0; {
-		i := (j - 1) / 2
-		if !h[j].before(&h[i]) {
-			break
-		}
-		h[i], h[j] = h[j], h[i]
-		j = i
-	}
-}
+func newEventHeap() eventHeap { return eventHeap{h: iheap.New(event.before)} }
 
-func (q *eventHeap) pop() event {
-	h := q.h
-	e := h[0]
-	n := len(h) - 1
-	h[0] = h[n]
-	h = h[:n]
-	for i := 0; ; {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		m := l
-		if r := l + 1; r < n && h[r].before(&h[l]) {
-			m = r
-		}
-		if !h[m].before(&h[i]) {
-			break
-		}
-		h[i], h[m] = h[m], h[i]
-		i = m
-	}
-	q.h = h
-	return e
-}
+func (q *eventHeap) len() int     { return q.h.Len() }
+func (q *eventHeap) top() event   { return q.h.At(0) }
+func (q *eventHeap) push(e event) { q.h.Push(uint64(e.at)^1<<63, e, nil) }
+func (q *eventHeap) pop() event   { return q.h.Pop() }

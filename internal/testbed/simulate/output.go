@@ -14,10 +14,12 @@ import (
 
 // WriteRequests writes requests.jsonl: one line per request in trace
 // order, {"id", "class", "tenant", "arrival_ms", "dispatch_ms",
-// "first_token_ms", "end_ms", "status", "server"}, times in virtual
-// milliseconds (null when never reached), server the index of the server
-// that served it (null for none), and for a disaggregated request
-// "prefill_server", the server that prefilled it.
+// "first_token_ms", "end_ms", "status", "server", "cached_tokens"}, times
+// in virtual milliseconds (null when never reached), server the index of
+// the server that served it and cached_tokens its engine's prefix-cache
+// hit (null for none; for a disaggregated request, the prefill server's),
+// and for a disaggregated request "prefill_server", the server that
+// prefilled it.
 func WriteRequests(w io.Writer, t *Trace, res *Result) error {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	quoted := map[string][]byte{}
@@ -62,6 +64,12 @@ func WriteRequests(w io.Writer, t *Trace, res *Result) error {
 		b = append(b, `,"server":`...)
 		if o.Server >= 0 {
 			b = strconv.AppendInt(b, int64(o.Server), 10)
+		} else {
+			b = append(b, "null"...)
+		}
+		b = append(b, `,"cached_tokens":`...)
+		if o.Server >= 0 && o.Status == 200 {
+			b = strconv.AppendUint(b, uint64(o.EngineCached), 10)
 		} else {
 			b = append(b, "null"...)
 		}

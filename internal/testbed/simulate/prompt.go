@@ -34,6 +34,9 @@ func groupKey(g string) uint64 {
 // blocks at block size bs. own distinguishes the request's own text from
 // every other request's (its index in the trace).
 func (r *Request) appendHashes(dst []uint64, bs int, own uint64) []uint64 {
+	if r.hashIDs != nil {
+		return r.appendIDHashes(dst, bs)
+	}
 	if r.tokens != nil {
 		return tokenize.AppendBlockHashes(dst, r.tokens, bs)
 	}

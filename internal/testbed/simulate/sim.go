@@ -173,7 +173,7 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", p.Name, err)
 	}
-	r := &run{trace: t, pol: p, opts: opts, core: core, byAddr: map[string]int32{}, classes: map[string]uint16{}, deadline: -1,
+	r := &run{trace: t, pol: p, opts: opts, core: core, byAddr: map[string]int32{}, classes: map[string]uint16{}, deadline: -1, h: newEventHeap(),
 		transfers: map[int32]*slot{}}
 	r.res = &Result{Policy: p, Trace: t, Outcomes: make([]Outcome, len(t.Requests))}
 	for i := range p.Compiled.Classes {
@@ -205,7 +205,7 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 		// each is scraped every interval, staggered.
 		n := int64(len(r.servers))
 		for i, s := range r.servers {
-			r.scrape(s)
+			r.scrape(t0, s)
 			r.h.push(event{at: t0 + int64(opts.ScrapeInterval)*(1+int64(i))/n, kind: evScrape, idx: int32(i)})
 		}
 	}
@@ -272,7 +272,7 @@ func (r *run) loop() {
 				r.touch(s)
 			case evScrape:
 				s := r.servers[ev.idx]
-				r.scrape(s)
+				r.scrape(t, s)
 				if r.done < total {
 					r.h.push(event{at: t + int64(r.opts.ScrapeInterval), kind: evScrape, idx: ev.idx})
 				}
@@ -496,12 +496,12 @@ func (r *run) prefillEvent(ev engine.Event, sl *slot, o *Outcome) {
 
 // scrape hands the core one server's engine metrics, as a scrape would
 // read them from modelsim's /metrics page.
-func (r *run) scrape(s *server) {
+func (r *run) scrape(now int64, s *server) {
 	st := s.eng.Stats()
 	m := podmetrics.Metrics{
-		Known:   podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks,
+		Known:   podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks | podmetrics.PromptTokens,
 		Waiting: st.Waiting, Running: st.Running, KVCacheUsage: st.KVUsage(),
-		BlockSize: s.Engine.BlockSize, NumBlocks: s.Engine.NumGPUBlocks,
+		BlockSize: s.Engine.BlockSize, NumBlocks: s.Engine.NumGPUBlocks, PromptTokens: float64(st.PromptTokens),
 	}
 	if s.Engine.MaxLoRAs > 0 {
 		// modelsim exposes vllm:lora_requests_info only with --max-loras.
@@ -510,6 +510,6 @@ func (r *run) scrape(s *server) {
 		m.LoRA.MaxLoRA = s.Engine.MaxLoRAs
 	}
 	c0 := time.Now()
-	r.core.SetMetrics(s.Addr, m, false)
+	r.core.SetMetrics(now, s.Addr, m, false)
 	r.res.CoreTime += time.Since(c0)
 }

@@ -1,7 +1,6 @@
 package simulate
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -21,6 +20,8 @@ type Config struct {
 	// Trace is a trace file; Generate a --generate SPEC (one of them).
 	Trace    string
 	Generate string
+	// TraceOptions read and shape the trace (format, time scale, limits).
+	TraceOptions
 	// AssignClass and AssignTenant are rules (ParseRule) for requests
 	// without a class header or tenant.
 	AssignClass, AssignTenant string
@@ -73,15 +74,16 @@ const DefaultDisaggregateAboveUncachedTokens = 256
 // defaults; the picker sees each server's --max-num-batched-tokens.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&c.Policies, "policy", c.Policies, "policy to simulate, repeatable: a policy YAML file or PolicyProfile/PolicyClass manifests (named by the file name without extension), or the baselines none (no queueing, least-loaded pick) and round-robin (no queueing, endpoints in turn); default none")
-	fs.StringVar(&c.Trace, "trace", c.Trace, "trace file: Laneway JSONL (.jsonl) or an Azure LLM inference trace (.csv: TIMESTAMP,ContextTokens,GeneratedTokens)")
+	fs.StringVar(&c.Trace, "trace", c.Trace, "trace file: Laneway JSONL (.jsonl), a Mooncake trace (JSONL with hash_ids) or an Azure LLM inference trace (.csv: TIMESTAMP,ContextTokens,GeneratedTokens); several as FILE,FILE merge, CLASS=FILE gives a file's requests a class header")
 	fs.StringVar(&c.Generate, "generate", c.Generate, "generate a synthetic trace instead of --trace (see SPEC below)")
+	c.addTraceFlags(fs)
 	fs.StringVar(&c.AssignClass, "assign-class", c.AssignClass, "class header for requests without one: length:NAME<N,...,NAME | split:NAME=W,... | uniform:N[/PREFIX]")
 	fs.StringVar(&c.AssignTenant, "assign-tenant", c.AssignTenant, "tenant for requests without one (same forms as --assign-class)")
 	fs.IntVar(&c.Servers, "servers", c.Servers, "number of identical model servers (the engine flags below)")
 	fs.StringVar(&c.Fleet, "fleet", c.Fleet, "fleet file of mixed servers (YAML: servers: [{count, max_num_seqs, ...}]) instead of --servers")
 	c.Engine.AddFlags(fs)
 	fs.StringVar(&c.Picker, "picker", c.Picker, "endpoint choice of the policy files' runs: prefix (prefix-cache overlap plus load, the picker's default) or least-loaded")
-	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of --generate, of the assignment rules and of the picker's tie-breaks")
+	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of --generate, of the assignment rules, of --jitter and of the picker's tie-breaks")
 	fs.StringVar(&c.Out, "out", c.Out, "output folder: DIR/<policy>/requests.jsonl, DIR/summary.json, DIR/*.png and *.svg")
 	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", c.ScrapeInterval, "feed each server's engine metrics to the picker this often, as its scraper would (0: no scraping)")
 	fs.IntVar(&c.Retries, "retry-429", c.Retries, "offer a request answered 429 again, up to this many times (0: a 429 is final)")
@@ -105,17 +107,7 @@ type Setup struct {
 func (c *Config) Load() (*Setup, error) {
 	var s Setup
 	var err error
-	switch {
-	case c.Trace != "" && c.Generate != "":
-		return nil, errors.New("give --trace or --generate, not both")
-	case c.Trace != "":
-		s.Trace, err = ReadTraceFile(c.Trace)
-	case c.Generate != "":
-		s.Trace, err = Generate(c.Generate, c.Seed)
-	default:
-		return nil, errors.New("give --trace FILE or --generate SPEC")
-	}
-	if err != nil {
+	if s.Trace, err = c.readTrace(); err != nil {
 		return nil, err
 	}
 	var classRule, tenantRule *Rule
@@ -130,6 +122,9 @@ func (c *Config) Load() (*Setup, error) {
 		}
 	}
 	s.Trace.Assign(classRule, tenantRule, c.Seed)
+	if s.Trace, err = c.Shape(s.Trace, c.Seed); err != nil {
+		return nil, err
+	}
 	if c.Fleet != "" {
 		s.Fleet, err = LoadFleetWith(c.Fleet, Server{Engine: c.Engine, KVTransferTime: c.KVTransferTime})
 	} else {

@@ -246,9 +246,9 @@ func TestRequestsJSONL(t *testing.T) {
 	// steps of 10 ms: request 0's third token at 220, request 2's
 	// sixteenth (the default output) at 210 + 15 × 10.
 	want := []map[string]any{
-		{"id": 0.0, "class": "a", "tenant": "x", "arrival_ms": 0.0, "dispatch_ms": 0.0, "first_token_ms": 100.0, "end_ms": 220.0, "status": 200.0, "server": 0.0},
-		{"id": 1.0, "class": "b", "tenant": "", "arrival_ms": 50.0, "dispatch_ms": 50.0, "first_token_ms": 210.0, "end_ms": 210.0, "status": 200.0, "server": 0.0},
-		{"id": 2.0, "class": "a", "tenant": "y", "arrival_ms": 10.5, "dispatch_ms": 10.5, "first_token_ms": 210.0, "end_ms": 360.0, "status": 200.0, "server": 0.0},
+		{"id": 0.0, "class": "a", "tenant": "x", "arrival_ms": 0.0, "dispatch_ms": 0.0, "first_token_ms": 100.0, "end_ms": 220.0, "status": 200.0, "server": 0.0, "cached_tokens": 0.0},
+		{"id": 1.0, "class": "b", "tenant": "", "arrival_ms": 50.0, "dispatch_ms": 50.0, "first_token_ms": 210.0, "end_ms": 210.0, "status": 200.0, "server": 0.0, "cached_tokens": 0.0},
+		{"id": 2.0, "class": "a", "tenant": "y", "arrival_ms": 10.5, "dispatch_ms": 10.5, "first_token_ms": 210.0, "end_ms": 360.0, "status": 200.0, "server": 0.0, "cached_tokens": 0.0},
 	}
 	if !reflect.DeepEqual(lines, want) {
 		for i := range lines {

@@ -50,6 +50,10 @@ type Request struct {
 	Adapter string
 
 	tokens []uint32 // a text prompt's token ids
+	// hashIDs are a Mooncake line's block ids, one per idBlock tokens
+	// (mooncake.go).
+	hashIDs []uint32
+	idBlock int
 }
 
 // Trace is the requests of one run, in trace order (the order of the
@@ -62,8 +66,12 @@ type Trace struct {
 	// order.
 	byArrival []int32
 	// cacheable is set when any request can share a prefix with another
-	// (a prefix group or a text prompt).
+	// (a prefix group, a text prompt or hash ids).
 	cacheable bool
+	// origin is the wall-clock time (Unix nanoseconds) of arrival 0 when
+	// the format has one (Azure); merged traces align on it (traceopts.go).
+	origin    int64
+	hasOrigin bool
 }
 
 // finish validates the requests and indexes them by arrival.
@@ -84,7 +92,7 @@ func (t *Trace) finish() error {
 		if r.Arrival < 0 {
 			return fmt.Errorf("trace %s: request %d: negative arrival", t.Source, i)
 		}
-		if r.PrefixGroup != "" || r.tokens != nil {
+		if r.PrefixGroup != "" || r.tokens != nil || r.hashIDs != nil {
 			t.cacheable = true
 		}
 		t.byArrival[i] = int32(i)
@@ -327,6 +335,7 @@ func ReadAzureCSV(r io.Reader, name string) (*Trace, error) {
 		for i := range t.Requests {
 			t.Requests[i].Arrival = stamps[i] - origin
 		}
+		t.origin, t.hasOrigin = origin, true
 	}
 	if err := t.finish(); err != nil {
 		return nil, err

@@ -275,7 +275,8 @@ func (c *Conn) Start(tag int) {
 	c.streams[s.id] = s
 	err = c.wfr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: c.block, EndHeaders: true})
 	if err == nil {
-		c.send(s, s.plan.request, false)
+		// A header-only stream half-closes with its request.
+		c.send(s, s.plan.request, s.plan.headerOnly)
 	}
 	if err == nil {
 		err = c.err // a DATA frame failed to encode
@@ -635,8 +636,14 @@ func (c *Conn) onMessage(s *stream, msg []byte) error {
 		if s.state != sRequest {
 			return fmt.Errorf("request headers answered in state %s", stateNames[s.state])
 		}
-		s.state = sHeld
 		c.decided(s, 0)
+		if s.plan.headerOnly {
+			// Nothing more to send: the picker ends the stream (after
+			// streaming the body back).
+			s.state = sClosing
+			return nil
+		}
+		s.state = sHeld
 		if c.opts.Hold <= 0 {
 			c.respond(s)
 			return nil

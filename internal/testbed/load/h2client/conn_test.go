@@ -166,7 +166,11 @@ func dial(t *testing.T, addr string, plan *Plan, hold time.Duration, r *recorder
 
 func plan(t *testing.T, body int, headers map[string]string) *Plan {
 	t.Helper()
-	ex := Exchange{Path: "/v1/completions", Body: []byte(strings.Repeat("x", body)), ResponseBody: []byte("data: [DONE]\n\n")}
+	return planOf(t, Exchange{Path: "/v1/completions", Body: []byte(strings.Repeat("x", body)), ResponseBody: []byte("data: [DONE]\n\n")}, headers)
+}
+
+func planOf(t *testing.T, ex Exchange, headers map[string]string) *Plan {
+	t.Helper()
 	if headers != nil {
 		ex.Headers = map[string][]string{}
 		for k, v := range headers {
@@ -188,6 +192,9 @@ func TestExchanges(t *testing.T) {
 		headers map[string]string
 		hold    time.Duration
 		streams int
+		// headerOnly plays no response phase: the picker ends each
+		// stream after its answer, whatever the hold.
+		headerOnly bool
 		// want: Decision.Status (-1: no decision) and an error substring
 		// ("" for a completed exchange).
 		status  int
@@ -195,6 +202,8 @@ func TestExchanges(t *testing.T) {
 	}{
 		{name: "routed", body: 1500, hold: 5 * time.Millisecond, streams: 100},
 		{name: "routed without hold", body: 1500, streams: 100},
+		{name: "header only", body: 1500, hold: time.Hour, streams: 100, headerOnly: true},
+		{name: "header only, flow control", body: 300_000, hold: time.Hour, streams: 20, headerOnly: true},
 		// 300 kB per stream against 64 kB windows: five body messages,
 		// paced by WINDOW_UPDATEs on the stream and the connection.
 		{name: "flow control", body: 300_000, streams: 20},
@@ -204,7 +213,8 @@ func TestExchanges(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := serve(t, tc.srv)
 			r := newRecorder(t, tc.streams)
-			c := dial(t, addr, plan(t, tc.body, tc.headers), tc.hold, r)
+			ex := Exchange{Path: "/v1/completions", Body: []byte(strings.Repeat("x", tc.body)), ResponseBody: []byte("data: [DONE]\n\n"), HeaderOnly: tc.headerOnly}
+			c := dial(t, addr, planOf(t, ex, tc.headers), tc.hold, r)
 			for i := range tc.streams {
 				c.Start(i)
 			}

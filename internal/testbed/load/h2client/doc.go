@@ -18,6 +18,11 @@
 // SETTINGS, PING, GOAWAY and RST_STREAM are handled as RFC 9113 requires, so
 // the client works against any gRPC server, not only Laneway's.
 //
+// A Plan with Exchange.HeaderOnly plays a gateway that sends no response
+// phase (Envoy with response_header_mode SKIP and response_body_mode
+// NONE): END_STREAM goes with the request, and the stream is over when the
+// picker ends it after its answer, whatever the hold.
+//
 // Decision latency is measured as SPEC §13 defines it: from just before the
 // write call that carries a stream's last request message to the moment the
 // reader has the request-headers answer (or the immediate response) in

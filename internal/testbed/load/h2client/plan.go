@@ -34,6 +34,12 @@ type Exchange struct {
 	ResponseBody    []byte
 	// ChunkBytes bounds one body message; 0 means DefaultChunkBytes.
 	ChunkBytes int
+	// HeaderOnly plays a gateway that sends no response phase (Envoy with
+	// response_header_mode SKIP and response_body_mode NONE): the stream
+	// is half-closed with the request's last message and is over when
+	// the picker ends it after its answer. The Response fields and the
+	// connection's Hold are then unused.
+	HeaderOnly bool
 }
 
 // Plan is an Exchange encoded once as length-prefixed gRPC messages, ready
@@ -45,9 +51,12 @@ type Plan struct {
 	// messages; respBodyMsgs counts the latter.
 	response     []byte
 	respBodyMsgs int
+	// headerOnly: END_STREAM goes with the request, no response follows.
+	headerOnly bool
 }
 
-// NewPlan encodes ex in FULL_DUPLEX_STREAMED shape.
+// NewPlan encodes ex in FULL_DUPLEX_STREAMED shape (the response body
+// mode NONE when HeaderOnly).
 func NewPlan(ex Exchange) (*Plan, error) {
 	chunk := ex.ChunkBytes
 	if chunk <= 0 {
@@ -67,14 +76,17 @@ func NewPlan(ex Exchange) (*Plan, error) {
 	if len(ex.Body) > 0 && ex.Headers.Get("content-length") == "" {
 		hs = append(hs, &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(len(ex.Body)))})
 	}
-	mode := filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
-	p := &Plan{}
+	mode, respMode := filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	if ex.HeaderOnly {
+		respMode = filterv3.ProcessingMode_NONE
+	}
+	p := &Plan{headerOnly: ex.HeaderOnly}
 	var err error
 	p.request, err = appendMessage(nil, &extprocv3.ProcessingRequest{
 		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
 			Headers: &corev3.HeaderMap{Headers: hs}, EndOfStream: len(ex.Body) == 0,
 		}},
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: mode, ResponseBodyMode: mode},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: mode, ResponseBodyMode: respMode},
 	})
 	if err != nil {
 		return nil, err
@@ -87,6 +99,9 @@ func NewPlan(ex Exchange) (*Plan, error) {
 		if err != nil {
 			return nil, err
 		}
+	}
+	if ex.HeaderOnly {
+		return p, nil
 	}
 	status := ex.ResponseStatus
 	if status == 0 {

@@ -67,17 +67,7 @@ func TestBenchQuality(t *testing.T) {
 			t.Errorf("%d of %d requests completed", f.Total.Completed, f.Requests)
 		}
 	})
-	built := os.Getenv("LANEWAY_BIN")
-	binDir := func(t *testing.T) string {
-		if built == "" { // built once for every real-process scenario
-			dir := filepath.Join(out, "bin")
-			if _, err := launch.Build(dir, false, launch.CmdModelsim, launch.CmdEpp, launch.CmdGateway); err != nil {
-				t.Fatal(err)
-			}
-			built = dir
-		}
-		return built
-	}
+	runTraces(t, w, out)
 	t.Run("lora", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
