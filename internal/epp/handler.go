@@ -101,9 +101,9 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 	putTicket(t)
 	handed = true
 	dec := extproc.Decision{Endpoints: g.Endpoints, Body: body, Lifecycle: g}
-	if g.Prefill != "" {
+	if p := g.Prefiller(); p != "" {
 		// Disaggregated: the decode pod's sidecar prefills on this pod.
-		dec.Headers = []extproc.Header{{Name: sched.PrefillerHeader, Value: g.Prefill}}
+		dec.Headers = []extproc.Header{{Name: sched.PrefillerHeader, Value: p}}
 	} else if _, ok := req.Headers[sched.PrefillerHeader]; ok {
 		// A client must not choose a prefill pod (or make the sidecar
 		// call any address it likes).

@@ -82,7 +82,7 @@ type grantAcquirer struct {
 }
 
 func (a *grantAcquirer) Acquire(context.Context, *sched.Ticket) (*sched.Grant, error) {
-	return &sched.Grant{Endpoints: a.endpoints, Prefill: a.prefill}, nil
+	return sched.NewGrant(a.endpoints, a.prefill), nil
 }
 
 // TestDecidePrefillerHeader: a disaggregated grant names its prefill pod in

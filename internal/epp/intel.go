@@ -147,8 +147,8 @@ type intel struct {
 	promptTokens, cachedTokens *prometheus.CounterVec
 	// pd counts disaggregation decisions, lora the LoRA tier of adapter
 	// picks (children made at attach: the label values are fixed).
-	pd   map[string]prometheus.Counter
-	lora map[string]prometheus.Counter
+	pd   [sched.NumPDDecisions]prometheus.Counter
+	lora [sched.NumLoRAOutcomes]prometheus.Counter
 	// routedTo caches both counters' children per endpoint.
 	routedTo *metrics.Children[routedCounters]
 	// live is the endpoint set in force (nil before the first): Routed
@@ -231,17 +231,15 @@ func (in *intel) attach(d *dispatcher.Dispatcher, reg prometheus.Registerer) err
 		Name: "laneway_pd_decisions_total",
 		Help: "Requests routed in a pool with prefill pods, by disaggregation decision: disaggregated (prefilled on a prefill pod, decoded on a decode pod), below_threshold (served whole by a decode pod: uncached tokens at or below the class's threshold), no_prefill_endpoint (would have disaggregated; no prefill pod was eligible).",
 	}, []string{"decision"})
-	in.pd = map[string]prometheus.Counter{}
-	for _, d := range []string{sched.PDDisaggregated, sched.PDBelowThreshold, sched.PDNoPrefillEndpoint} {
-		in.pd[d] = pd.WithLabelValues(d)
+	for _, d := range []sched.PDDecision{sched.PDDisaggregated, sched.PDBelowThreshold, sched.PDNoPrefillEndpoint} {
+		in.pd[d] = pd.WithLabelValues(d.String())
 	}
 	lora := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "laneway_lora_affinity_picks_total",
 		Help: "Picks for requests whose model is a LoRA adapter, by where the pick stood: running (the adapter runs or waits there, or this picker has a request of it there), room (fewer adapters than max_lora there), any (neither, or the balance guard).",
 	}, []string{"outcome"})
-	in.lora = map[string]prometheus.Counter{}
-	for _, o := range []string{sched.LoRARunning, sched.LoRARoom, sched.LoRAAny} {
-		in.lora[o] = lora.WithLabelValues(o)
+	for _, o := range []sched.LoRAOutcome{sched.LoRARunning, sched.LoRARoom, sched.LoRAAny} {
+		in.lora[o] = lora.WithLabelValues(o.String())
 	}
 	return errors.Join(reg.Register(in.promptTokens), reg.Register(in.cachedTokens), reg.Register(pd), reg.Register(lora),
 		reg.Register((*intelCollector)(in)))
@@ -281,20 +279,21 @@ func (in *intel) BlockSize() int { return in.disp.BlockSize() }
 // priority.
 func (in *intel) Routed(req *extproc.Request, t *sched.Ticket, g *sched.Grant, at *tokenize.PrioritySpans) []byte {
 	ep := g.Endpoints[0]
-	if c := in.pd[g.PD]; c != nil {
-		c.Inc()
+	if g.PD != sched.PDNone {
+		in.pd[g.PD].Inc()
 	}
-	if c := in.lora[g.LoRA]; c != nil {
-		c.Inc()
+	if g.LoRA != sched.LoRANone {
+		in.lora[g.LoRA].Inc()
 	}
 	// The prompt is computed where it is prefilled: the prefill pod of a
 	// disaggregated request.
-	if c, ok := in.routedTo.GetIf(cmp.Or(g.Prefill, ep), in.isLive); ok {
+	prefiller := g.Prefiller()
+	if c, ok := in.routedTo.GetIf(cmp.Or(prefiller, ep), in.isLive); ok {
 		c.prompt.Add(float64(t.RawISL))
 		c.cached.Add(float64(t.Cached))
 	}
 	if log := in.log.V(4); log.Enabled() {
-		log.Info("routed", "endpoint", ep, "prefill", g.Prefill, "rawISL", t.RawISL, "cachedTokens", t.Cached, "class", t.Class,
+		log.Info("routed", "endpoint", ep, "prefill", prefiller, "rawISL", t.RawISL, "cachedTokens", t.Cached, "class", t.Class,
 			"priority", t.Priority, "hasPriority", t.HasPriority)
 	}
 	if !in.opts.ForwardPriority || !t.HasPriority || at == nil {

@@ -31,34 +31,79 @@ type Releaser interface {
 type Grant struct {
 	// Endpoints is the pick followed by ordered fallbacks ("ip:port").
 	Endpoints []string
-	// Engine is the picked endpoint's engine (for the priority polarity).
-	Engine policy.Engine
-	// Prefill is the prefill pod ("ip:port") of a disaggregated request,
-	// for the x-prefiller-host-port header; "" when the pick serves the
-	// whole request. PD is the disaggregation decision (the PD constants;
-	// "" in a pool without prefill pods). See roles.go.
-	Prefill string
-	PD      string
-	// LoRA is where the pick stood for the request's adapter (the LoRA
-	// constants; "" for a base-model request). See lora.go.
-	LoRA string
 
 	rel  Releaser
 	ep   *endpoint // the pick, charged; a disaggregated grant's prefill pod
-	dec  *endpoint // the decode pod of a disaggregated grant, else nil
 	pick [1]string // Endpoints' storage when there are no fallbacks
 
-	// Owner-only from here on: the adapter counted on ep (and dec) until
-	// released, the charge (uncached tokens), the prompt as the engine
-	// counts it (raw tokens) and when it was sent.
-	adapter         string
-	prefill, raw    uint64
-	sentAt          int64
+	// Owner-only from here on: the charge (uncached tokens), the prompt
+	// as the engine counts it (raw tokens) and when it was sent.
+	prefill, raw uint64
+	sentAt       int64
+	// x is what a disaggregated or adapter grant needs besides; nil for
+	// every other grant, so a pool without roles or adapters pays one
+	// pointer for them.
+	x *grantExtra
+
+	// Engine is the picked endpoint's engine (for the priority polarity).
+	Engine policy.Engine
+	// PD is the disaggregation decision (PDNone in a pool without prefill
+	// pods); see roles.go.
+	PD PDDecision
+	// LoRA is where the pick stood for the request's adapter (LoRANone
+	// for a base-model request); see lora.go.
+	LoRA LoRAOutcome
+
 	prefillReleased bool
 	finished        bool
 
 	firstByte atomic.Bool
 	done      atomic.Bool
+}
+
+// grantExtra is the part of a grant that only disaggregated and adapter
+// requests use.
+type grantExtra struct {
+	prefiller string    // the prefill pod's address (disaggregated)
+	dec       *endpoint // the decode pod (disaggregated)
+	adapter   string    // the adapter counted on ep (and dec) until released
+}
+
+// Prefiller is the prefill pod ("ip:port") of a disaggregated request, for
+// the x-prefiller-host-port header; "" when the pick serves the whole
+// request.
+func (g *Grant) Prefiller() string {
+	if g.x == nil {
+		return ""
+	}
+	return g.x.prefiller
+}
+
+// NewGrant returns a grant no core accounts for (its events are
+// dropped): to endpoints, and disaggregated with its prefill on prefiller
+// when that is not "". For Acquirers that do not schedule, such as tests'.
+func NewGrant(endpoints []string, prefiller string) *Grant {
+	g := &Grant{Endpoints: endpoints}
+	if prefiller != "" {
+		g.x = &grantExtra{prefiller: prefiller}
+	}
+	return g
+}
+
+// extra returns g's extra part, allocating it on first use.
+func (g *Grant) extra() *grantExtra {
+	if g.x == nil {
+		g.x = new(grantExtra)
+	}
+	return g.x
+}
+
+// dec is the decode pod of a disaggregated grant, else nil.
+func (g *Grant) dec() *endpoint {
+	if g.x == nil {
+		return nil
+	}
+	return g.x.dec
 }
 
 // FirstByte reports the first response byte: the endpoint finished this
@@ -111,7 +156,7 @@ func (c *Core) Release(g *Grant, ev Event) {
 		// sends no response phases, or a request that ended early. Its
 		// prompt may still be in the (prefill pod's) engine.
 		c.await(e, g)
-		if g.dec != nil {
+		if g.dec() != nil {
 			c.leavePrefill(g)
 		}
 	}
@@ -126,7 +171,7 @@ func (c *Core) releaseUnsent(g *Grant) {
 	}
 	if !g.prefillReleased {
 		c.prefillDone(g)
-		if g.dec != nil {
+		if g.dec() != nil {
 			c.leavePrefill(g)
 		}
 	} else if d := g.decodePod(); d.decoding > 0 {
@@ -148,8 +193,8 @@ func (c *Core) finish(g *Grant) {
 // decodePod is the endpoint that decodes g: its decode pod when
 // disaggregated, else its pick.
 func (g *Grant) decodePod() *endpoint {
-	if g.dec != nil {
-		return g.dec
+	if d := g.dec(); d != nil {
+		return d
 	}
 	return g.ep
 }
@@ -158,7 +203,7 @@ func (g *Grant) decodePod() *endpoint {
 // the request decodes (on the decode pod of a disaggregated grant, which
 // the prefill pod hands it over to).
 func (c *Core) startDecode(g *Grant) {
-	if g.dec != nil {
+	if g.dec() != nil {
 		c.handOver(g)
 		return
 	}

@@ -11,20 +11,40 @@ import (
 // plus this picker's own requests in flight there) and the tier that
 // reorders a pick for a request whose model names an adapter.
 
-// LoRA affinity outcomes of Grant.LoRA, the laneway_lora_affinity_picks_total
-// outcome label: where the adapter request's pick stood.
+// LoRAOutcome is where an adapter request's pick stood (Grant.LoRA); its
+// String is the laneway_lora_affinity_picks_total outcome label.
+type LoRAOutcome uint8
+
+// LoRA affinity outcomes.
 const (
+	// LoRANone: a base-model request (or affinity off): no outcome.
+	LoRANone LoRAOutcome = iota
 	// LoRARunning: the adapter was running or waiting there (scraped),
 	// this picker had a request of it in flight there, or it was among the
 	// last max_lora adapters this picker sent there (so most likely still
 	// resident in the engine's adapter slots).
-	LoRARunning = "running"
+	LoRARunning
 	// LoRARoom: it was not, but the endpoint runs fewer adapters than its
 	// max_lora, so the adapter can be loaded without evicting one in use.
-	LoRARoom = "room"
+	LoRARoom
 	// LoRAAny: neither (or the tier yielded to the balance guard).
-	LoRAAny = "any"
+	LoRAAny
+	// NumLoRAOutcomes bounds the outcomes, for arrays indexed by them.
+	NumLoRAOutcomes
 )
+
+// String returns the outcome's metric label ("" for LoRANone).
+func (o LoRAOutcome) String() string {
+	switch o {
+	case LoRARunning:
+		return "running"
+	case LoRARoom:
+		return "room"
+	case LoRAAny:
+		return "any"
+	}
+	return ""
+}
 
 // maxKnownAdapters bounds the adapter names the core learns from scrapes,
 // so a pool whose adapters churn for months does not grow the set forever.
@@ -185,7 +205,8 @@ func (c *Core) noteAdapter(g *Grant, t *Ticket) {
 	if a == "" {
 		return
 	}
-	g.adapter = a
+	x := g.extra()
+	x.adapter = a
 	switch c.cands[c.order[0]].LoRATier {
 	case 0:
 		g.LoRA = LoRARunning
@@ -196,9 +217,9 @@ func (c *Core) noteAdapter(g *Grant, t *Ticket) {
 	}
 	g.ep.addAdapter(a, 1)
 	g.ep.sentAdapter(a)
-	if g.dec != nil {
-		g.dec.addAdapter(a, 1)
-		g.dec.sentAdapter(a)
+	if x.dec != nil {
+		x.dec.addAdapter(a, 1)
+		x.dec.sentAdapter(a)
 	}
 }
 
@@ -216,7 +237,7 @@ func (e *endpoint) addAdapter(a string, d int) {
 // adapterDone forgets a finished grant's adapter on e (the endpoint that
 // held the request to its end).
 func (c *Core) adapterDone(g *Grant, e *endpoint) {
-	if g.adapter != "" {
-		e.addAdapter(g.adapter, -1)
+	if g.x != nil && g.x.adapter != "" {
+		e.addAdapter(g.x.adapter, -1)
 	}
 }

@@ -54,7 +54,7 @@ func TestLoRATiers(t *testing.T) {
 			}
 			// A base-model request ignores adapters: C has the least load.
 			g = grantOne(t, c, 0, &Ticket{RawISL: 100, Model: "base"})
-			if g.LoRA != "" {
+			if g.LoRA != LoRANone {
 				t.Errorf("base model: outcome %q, want none", g.LoRA)
 			}
 		})
@@ -113,7 +113,7 @@ func TestLoRAAffinityOff(t *testing.T) {
 	loraScrape(c, loraB, nil, 2)
 	grantOne(t, c, 0, &Ticket{RawISL: 500, Allow: []string{loraA}, HasAllow: true})
 	g := grantOne(t, c, 0, &Ticket{RawISL: 10, Model: "x"})
-	if g.Endpoints[0] != loraB || g.LoRA != "" {
+	if g.Endpoints[0] != loraB || g.LoRA != LoRANone {
 		t.Errorf("affinity off: %v (%q), want the least loaded %s and no outcome", g.Endpoints, g.LoRA, loraB)
 	}
 }

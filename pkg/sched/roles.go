@@ -93,17 +93,39 @@ const (
 	stageDisagg
 )
 
-// Decisions of Grant.PD, the laneway_pd_decisions_total decision label.
+// PDDecision is a grant's disaggregation decision (Grant.PD); its String
+// is the laneway_pd_decisions_total decision label.
+type PDDecision uint8
+
+// Disaggregation decisions.
 const (
-	// PDDisaggregated: prefilled on Grant.Prefill, decoded on the pick.
-	PDDisaggregated = "disaggregated"
+	// PDNone: a pool without prefill pods, or a pinned request: no
+	// decision.
+	PDNone PDDecision = iota
+	// PDDisaggregated: prefilled on Grant.Prefiller, decoded on the pick.
+	PDDisaggregated
 	// PDBelowThreshold: served whole by a decode pod, as its uncached
 	// tokens are at or below the class's disaggregation threshold.
-	PDBelowThreshold = "below_threshold"
+	PDBelowThreshold
 	// PDNoPrefillEndpoint: it would have disaggregated, but no prefill
 	// pod was eligible: served whole by a decode pod.
-	PDNoPrefillEndpoint = "no_prefill_endpoint"
+	PDNoPrefillEndpoint
+	// NumPDDecisions bounds the decisions, for arrays indexed by them.
+	NumPDDecisions
 )
+
+// String returns the decision's metric label ("" for PDNone).
+func (d PDDecision) String() string {
+	switch d {
+	case PDDisaggregated:
+		return "disaggregated"
+	case PDBelowThreshold:
+		return "below_threshold"
+	case PDNoPrefillEndpoint:
+		return "no_prefill_endpoint"
+	}
+	return ""
+}
 
 // PrefillerHeader is the request header that names the prefill pod
 // ("host:port") of a disaggregated request to the decode pod's sidecar,
@@ -256,10 +278,10 @@ func stageError(stage string) error {
 }
 
 // pdDecision is the Grant.PD of a grant from set s.
-func pdDecision(r *Request, s *candidateSet) string {
+func pdDecision(r *Request, s *candidateSet) PDDecision {
 	switch {
 	case !s.split:
-		return ""
+		return PDNone
 	case s.disagg:
 		return PDDisaggregated
 	case r.stage == stageShort:
@@ -271,7 +293,7 @@ func pdDecision(r *Request, s *candidateSet) string {
 // decodeStage completes a disaggregated grant g, whose pick (and charge)
 // is the prefill pod: it chooses the decode pod by decode load, makes it
 // the destination (with ordered fallbacks), names the prefill pod in
-// g.Prefill, and counts the request in flight on the decode pod. The
+// g.Prefiller(), and counts the request in flight on the decode pod. The
 // prefill pod keeps the prefill charge and the in-flight count until the
 // first response byte (handOver).
 func (c *Core) decodeStage(g *Grant, r *Request, s *candidateSet) {
@@ -282,8 +304,8 @@ func (c *Core) decodeStage(g *Grant, r *Request, s *candidateSet) {
 	order := c.decodeOrder(r.Ticket, s.dec)
 	n := min(1+c.opts.MaxFallbacks, len(order))
 	d := c.reg.eps[s.dec[order[0]].id]
-	g.Prefill = g.ep.addr
-	g.dec = d
+	x := g.extra()
+	x.prefiller, x.dec = g.ep.addr, d
 	if n == 1 {
 		g.pick[0] = d.addr
 		g.Endpoints = g.pick[:1:1]
@@ -303,7 +325,7 @@ func (c *Core) decodeStage(g *Grant, r *Request, s *candidateSet) {
 // longer counts the request in flight; the decode pod decodes it.
 func (c *Core) handOver(g *Grant) {
 	c.leavePrefill(g)
-	g.dec.decoding++
+	g.x.dec.decoding++
 }
 
 // leavePrefill ends a disaggregated grant's stay on its prefill pod, at
@@ -317,7 +339,7 @@ func (c *Core) leavePrefill(g *Grant) {
 		p.inFlight--
 	}
 	c.adapterDone(g, g.ep)
-	g.dec.led.unobserved += g.raw
+	g.x.dec.led.unobserved += g.raw
 }
 
 // decodeLoad is what orders decode pods: fresh metrics first, then those

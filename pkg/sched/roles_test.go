@@ -98,11 +98,11 @@ func grantOne(t *testing.T, c *Core, now int64, tk *Ticket) *Grant {
 func TestDisaggregatedGrant(t *testing.T) {
 	c := pdCore(t, pdPool(), Options{})
 	g := grantOne(t, c, 0, &Ticket{RawISL: 1000})
-	if g.PD != PDDisaggregated || !slices.Contains([]string{pdP1, pdP2}, g.Prefill) ||
+	if g.PD != PDDisaggregated || !slices.Contains([]string{pdP1, pdP2}, g.Prefiller()) ||
 		len(g.Endpoints) != 1 || !slices.Contains([]string{pdD1, pdD2}, g.Endpoints[0]) {
-		t.Fatalf("grant %v prefill %q (%s), want a decode pod with a prefill pod", g.Endpoints, g.Prefill, g.PD)
+		t.Fatalf("grant %v prefill %q (%s), want a decode pod with a prefill pod", g.Endpoints, g.Prefiller(), g.PD)
 	}
-	p, d := g.Prefill, g.Endpoints[0]
+	p, d := g.Prefiller(), g.Endpoints[0]
 	check := func(when string, pa uint64, pf int, da uint64, df int) {
 		t.Helper()
 		if a, f := account(c, p); a != pa || f != pf {
@@ -125,8 +125,8 @@ func TestShortPromptStaysLocal(t *testing.T) {
 	c := pdCore(t, pdPool(), Options{})
 	for _, n := range []uint64{1, 256} {
 		g := grantOne(t, c, 0, &Ticket{RawISL: n})
-		if g.PD != PDBelowThreshold || g.Prefill != "" || !slices.Contains([]string{pdD1, pdD2}, g.Endpoints[0]) {
-			t.Errorf("%d tokens: grant %v prefill %q (%s), want a decode pod alone", n, g.Endpoints, g.Prefill, g.PD)
+		if g.PD != PDBelowThreshold || g.Prefiller() != "" || !slices.Contains([]string{pdD1, pdD2}, g.Endpoints[0]) {
+			t.Errorf("%d tokens: grant %v prefill %q (%s), want a decode pod alone", n, g.Endpoints, g.Prefiller(), g.PD)
 		}
 		if a, f := account(c, g.Endpoints[0]); a != n || f != 1 {
 			t.Errorf("%d tokens: the decode pod holds %d/%d, want the prefill charge and one in flight", n, a, f)
@@ -140,8 +140,8 @@ func TestShortPromptStaysLocal(t *testing.T) {
 func TestPoolWithoutPrefillPods(t *testing.T) {
 	c := pdCore(t, map[string]Role{pdD1: RoleDecode, pdPD: RolePrefillDecode}, Options{})
 	g := grantOne(t, c, 0, &Ticket{RawISL: 5000})
-	if g.PD != "" || g.Prefill != "" {
-		t.Errorf("grant %v prefill %q decision %q, want neither", g.Endpoints, g.Prefill, g.PD)
+	if g.PD != PDNone || g.Prefiller() != "" {
+		t.Errorf("grant %v prefill %q decision %q, want neither", g.Endpoints, g.Prefiller(), g.PD)
 	}
 }
 
@@ -170,8 +170,8 @@ func TestBusyTestGatesOnPrefillPods(t *testing.T) {
 	c := pdCore(t, pdPool(), Options{})
 	g1 := grantOne(t, c, 0, &Ticket{RawISL: 2000})
 	g2 := grantOne(t, c, 0, &Ticket{RawISL: 2000})
-	if g1.Prefill == g2.Prefill {
-		t.Fatalf("both on %s: the second should go to the idle prefill pod", g1.Prefill)
+	if g1.Prefiller() == g2.Prefiller() {
+		t.Fatalf("both on %s: the second should go to the idle prefill pod", g1.Prefiller())
 	}
 	r := admit(c, 0, &Ticket{RawISL: 2000})
 	if l := c.Drain(0); len(l) != 0 {
@@ -182,8 +182,8 @@ func TestBusyTestGatesOnPrefillPods(t *testing.T) {
 	}
 	c.Release(g1, EventFirstByte)
 	l := c.Drain(0)
-	if len(l) != 1 || l[0].Req != r || l[0].Grant == nil || l[0].Grant.Prefill != g1.Prefill {
-		t.Fatalf("after the first byte: %v, want the queued request prefilled on %s", l, g1.Prefill)
+	if len(l) != 1 || l[0].Req != r || l[0].Grant == nil || l[0].Grant.Prefiller() != g1.Prefiller() {
+		t.Fatalf("after the first byte: %v, want the queued request prefilled on %s", l, g1.Prefiller())
 	}
 }
 
@@ -239,8 +239,8 @@ func TestNoDecodeStage(t *testing.T) {
 func TestNoEligiblePrefillPod(t *testing.T) {
 	c := pdCore(t, pdPool(), Options{})
 	g := grantOne(t, c, 0, &Ticket{RawISL: 5000, Allow: []string{pdD1, pdD2}, HasAllow: true})
-	if g.PD != PDNoPrefillEndpoint || g.Prefill != "" {
-		t.Errorf("grant %v prefill %q (%s), want a decode pod alone, no_prefill_endpoint", g.Endpoints, g.Prefill, g.PD)
+	if g.PD != PDNoPrefillEndpoint || g.Prefiller() != "" {
+		t.Errorf("grant %v prefill %q (%s), want a decode pod alone, no_prefill_endpoint", g.Endpoints, g.Prefiller(), g.PD)
 	}
 }
 
@@ -249,8 +249,8 @@ func TestNoEligiblePrefillPod(t *testing.T) {
 func TestPinnedIgnoresRoles(t *testing.T) {
 	c := pdCore(t, pdPool(), Options{})
 	g := grantOne(t, c, 0, &Ticket{RawISL: 5000, Allow: []string{pdP1}, HasAllow: true})
-	if g.Endpoints[0] != pdP1 || g.Prefill != "" || g.PD != "" {
-		t.Errorf("grant %v prefill %q (%s), want %s alone", g.Endpoints, g.Prefill, g.PD, pdP1)
+	if g.Endpoints[0] != pdP1 || g.Prefiller() != "" || g.PD != PDNone {
+		t.Errorf("grant %v prefill %q (%s), want %s alone", g.Endpoints, g.Prefiller(), g.PD, pdP1)
 	}
 }
 
@@ -262,10 +262,10 @@ func TestPrefillPodsLeaveWhileQueued(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		eps  []Endpoint
-		pd   string
+		pd   PDDecision
 	}{
 		{"tainted", []Endpoint{{Addr: pdP1, Role: RolePrefill, Tainted: true}, {Addr: pdD1, Role: RoleDecode}, {Addr: pdD2, Role: RoleDecode}}, PDNoPrefillEndpoint},
-		{"removed", []Endpoint{{Addr: pdD1, Role: RoleDecode}, {Addr: pdD2, Role: RoleDecode}}, ""},
+		{"removed", []Endpoint{{Addr: pdD1, Role: RoleDecode}, {Addr: pdD2, Role: RoleDecode}}, PDNone},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := pdCore(t, pdPool(), Options{})
@@ -277,7 +277,7 @@ func TestPrefillPodsLeaveWhileQueued(t *testing.T) {
 			}
 			c.SetEndpoints(0, tc.eps)
 			l := c.Drain(0)
-			if len(l) != 1 || l[0].Req != r || l[0].Grant == nil || l[0].Grant.PD != tc.pd || l[0].Grant.Prefill != "" {
+			if len(l) != 1 || l[0].Req != r || l[0].Grant == nil || l[0].Grant.PD != tc.pd || l[0].Grant.Prefiller() != "" {
 				t.Fatalf("after the prefill pods left: %v, want the request served whole (%q)", l, tc.pd)
 			}
 		})
@@ -297,8 +297,8 @@ func TestSnapshotFromPrefillPods(t *testing.T) {
 	c.index.Record(int(c.reg.byAddr[pdD1].id), blocks[:8], 16, 0)  // 128 on D1
 	tk := &Ticket{RawISL: 1024, Blocks: blocks, BlockSize: 16}
 	g := grantOne(t, c, 0, tk)
-	if g.PD != PDDisaggregated || g.Prefill != pdP2 || tk.Cached != 512 {
-		t.Errorf("long prompt: prefill %q (%s), cached %d; want %s with 512 cached", g.Prefill, g.PD, tk.Cached, pdP2)
+	if g.PD != PDDisaggregated || g.Prefiller() != pdP2 || tk.Cached != 512 {
+		t.Errorf("long prompt: prefill %q (%s), cached %d; want %s with 512 cached", g.Prefiller(), g.PD, tk.Cached, pdP2)
 	}
 	short := &Ticket{RawISL: 200, Blocks: blocks[:12], BlockSize: 16}
 	if g := grantOne(t, c, 0, short); g.PD != PDBelowThreshold || short.Cached != 128 {
@@ -336,7 +336,7 @@ func TestRolesRandom(t *testing.T) {
 				if x.g == nil || x.done {
 					continue
 				}
-				if x.g.Prefill == "" {
+				if x.g.Prefiller() == "" {
 					if !x.first {
 						act[x.g.Endpoints[0]] += x.charge
 					}
@@ -344,8 +344,8 @@ func TestRolesRandom(t *testing.T) {
 					continue
 				}
 				if !x.first {
-					act[x.g.Prefill] += x.charge
-					inf[x.g.Prefill]++
+					act[x.g.Prefiller()] += x.charge
+					inf[x.g.Prefiller()]++
 				}
 				inf[x.g.Endpoints[0]]++
 			}
@@ -402,11 +402,11 @@ func TestRolesRandom(t *testing.T) {
 				}
 				x.g, x.charge = l.Grant, l.Req.Ticket.Uncached()
 				for _, ep := range l.Grant.Endpoints {
-					if roles[ep] == RolePrefill && l.Grant.PD != "" {
+					if roles[ep] == RolePrefill && l.Grant.PD != PDNone {
 						t.Fatalf("seed %d step %d: destination %s is a prefill pod (grant %v, %s)", seed, step, ep, l.Grant.Endpoints, l.Grant.PD)
 					}
 				}
-				if p := l.Grant.Prefill; p != "" {
+				if p := l.Grant.Prefiller(); p != "" {
 					disaggregated++
 					if roles[p] != RolePrefill {
 						t.Fatalf("seed %d step %d: prefill pod %s has role %v", seed, step, p, roles[p])

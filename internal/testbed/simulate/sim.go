@@ -392,10 +392,10 @@ func (r *run) handleLeaves(t int64, leaves []sched.Leave) {
 		o.Server = si
 		o.Cached = uint32(min(sl.ticket.Cached, math.MaxUint32))
 		q := &r.trace.Requests[sl.idx]
-		if l.Grant.Prefill != "" {
+		if p := l.Grant.Prefiller(); p != "" {
 			// Disaggregated: the decode server's sidecar prefills on the
 			// prefill server with max_tokens 1 first (decode, below).
-			pi := r.byAddr[l.Grant.Prefill]
+			pi := r.byAddr[p]
 			o.Prefill = pi
 			sl.stage, sl.dec = stagePrefill, si
 			r.submit(t, sl, r.servers[pi], q, l.Grant, engine.Request{MaxTokens: 1})
