@@ -80,8 +80,11 @@ type stage uint8
 const (
 	// stageUndecided: the admission's own walk, before the decision.
 	stageUndecided stage = iota
-	// stageWhole: no roles apply (the pool had no prefill pod at the
-	// admission, or the request is pinned): every eligible endpoint.
+	// stageWhole: no roles applied at the admission (the pool had no
+	// prefill pod, or the request is pinned): every eligible endpoint.
+	// Should prefill pods join while an unpinned one waits, it is served
+	// whole by the decode stage (prefill-only pods never serve whole
+	// requests).
 	stageWhole
 	// stageShort: local, its uncached tokens are at or below the class's
 	// threshold.
@@ -253,7 +256,7 @@ func (c *Core) split(s *candidateSet, r *Request) {
 // splitByStage is candidates' last step for a request whose stage is
 // decided, in a pool with roles.
 func (c *Core) splitByStage(s *candidateSet, r *Request) {
-	if c.roles() && r.stage != stageUndecided && r.stage != stageWhole && r.pinned == drr.NoEndpoint {
+	if c.roles() && r.stage != stageUndecided && r.pinned == drr.NoEndpoint {
 		c.split(s, r)
 	}
 }

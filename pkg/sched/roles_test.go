@@ -284,6 +284,29 @@ func TestPrefillPodsLeaveWhileQueued(t *testing.T) {
 	}
 }
 
+// TestPrefillPodsArriveWhileQueued: a request that queued in a pool
+// without prefill pods is served whole when prefill pods join: never by a
+// prefill-only pod, however idle, but by the decode stage once it has room
+// (no_prefill_endpoint).
+func TestPrefillPodsArriveWhileQueued(t *testing.T) {
+	c := pdCore(t, map[string]Role{pdPD: RolePrefillDecode}, Options{})
+	g := grantOne(t, c, 0, &Ticket{RawISL: 2000})
+	r := admit(c, 0, &Ticket{RawISL: 2000})
+	if l := c.Drain(0); len(l) != 0 {
+		t.Fatalf("want the request queued, got %v", l)
+	}
+	c.SetEndpoints(0, []Endpoint{{Addr: pdP1, Role: RolePrefill, MaxBatchedTokens: 8192}, {Addr: pdPD, MaxBatchedTokens: 8192}})
+	if l := c.Drain(0); len(l) != 0 {
+		t.Fatalf("a prefill pod joined: %v, want the request still queued for the busy prefill-decode pod", l)
+	}
+	c.Release(g, EventFirstByte)
+	l := c.Drain(0)
+	if len(l) != 1 || l[0].Req != r || l[0].Grant == nil || l[0].Grant.Endpoints[0] != pdPD || l[0].Grant.Prefiller() != "" ||
+		l[0].Grant.PD != PDNoPrefillEndpoint {
+		t.Fatalf("after the first byte: %v, want the request served whole by %s (no_prefill_endpoint)", l, pdPD)
+	}
+}
+
 // TestSnapshotFromPrefillPods: a disaggregating request's cached tokens
 // are the best overlap over the prefill pods, and the prefill pick follows
 // it; a short one's are over the decode stage.
