@@ -33,9 +33,23 @@ var (
 // a prefill pod and decoded on a decode pod — each server's own records
 // prove it, matched by request id — and the share holds on the prefill
 // pods, where the busy test gates: premium >= 240 of the first 320
-// completions. Every request is answered exactly once.
+// completions. Every request is answered exactly once. It runs behind a
+// gateway with response phases (the first byte returns the prefill pod's
+// charge) and behind a header-only one (Envoy with the response phases
+// skipped: the prefill pod's engine ledger returns it, issue 21).
 func TestDisaggregatedWeightedShare(t *testing.T) {
 	launch.CheckGoroutines(t)
+	for _, headerOnly := range []bool{false, true} {
+		name := "response-phases"
+		if headerOnly {
+			name = "header-only"
+		}
+		t.Run(name, func(t *testing.T) { disaggregatedShare(t, headerOnly) })
+	}
+}
+
+// disaggregatedShare is one run of TestDisaggregatedWeightedShare.
+func disaggregatedShare(t *testing.T, headerOnly bool) {
 	var pre, dec []*launch.Sim
 	for i := range 2 {
 		pre = append(pre, startSim(t, fmt.Sprintf("127.0.0.%d", 111+i), pdPrefill...))
@@ -57,7 +71,7 @@ func TestDisaggregatedWeightedShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startEPP(t, nil, "--endpoints-file="+epsFile, "--policy-config="+policy, "--max-num-batched-tokens=8192")
-	gw := startGateway(t, p)
+	gw := bins.RunGateway(t, launch.GatewayOptions{EPP: p, Timeout: 2 * time.Minute, HeaderOnly: headerOnly}).URL
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
