@@ -467,3 +467,61 @@ func TestRolesRandom(t *testing.T) {
 		t.Errorf("%d disaggregated grants in 40 runs: the test hardly exercises them", disaggregated)
 	}
 }
+
+// scrapeEP delivers a fresh scrape of addr at now: waiting and running
+// requests, and the prompt-token counter.
+func scrapeEP(c *Core, now int64, addr string, waiting, running int, promptTokens float64) {
+	c.SetMetrics(now, addr, podmetrics.Metrics{
+		Known:   podmetrics.Waiting | podmetrics.Running | podmetrics.PromptTokens,
+		Waiting: waiting, Running: running, PromptTokens: promptTokens,
+	}, false)
+}
+
+// TestDisaggregatedStreamEndsFirst: behind a header-only gateway a
+// disaggregated request's stream ends at the pick. Its charge waits in the
+// prefill pod's engine ledger until that engine's counter shows the
+// prefill; neither pod counts it in flight any longer. The decode pod's
+// engine counts the transferred prompt too, and that must not release a
+// grant of the decode pod's own that its engine has not prefilled.
+func TestDisaggregatedStreamEndsFirst(t *testing.T) {
+	c := pdCore(t, map[string]Role{pdP1: RolePrefill, pdPD: RolePrefillDecode}, Options{ExpectMetrics: true})
+	scrapeEP(c, 0, pdP1, 0, 0, 0)
+	scrapeEP(c, 0, pdPD, 0, 0, 0)
+	long := grantOne(t, c, ms(1), &Ticket{RawISL: 1000})
+	if long.Prefiller() != pdP1 || long.Endpoints[0] != pdPD {
+		t.Fatalf("long prompt: prefill %q, decode %v; want %s then %s", long.Prefiller(), long.Endpoints, pdP1, pdPD)
+	}
+	short := grantOne(t, c, ms(2), &Ticket{RawISL: 100})
+	if short.PD != PDBelowThreshold || short.Endpoints[0] != pdPD {
+		t.Fatalf("short prompt: %v (%v), want %s whole", short.Endpoints, short.PD, pdPD)
+	}
+	c.Release(long, EventDone)
+	c.Release(short, EventDone)
+	state := func(addr string) EndpointSnapshot {
+		for _, e := range c.Snapshot().Endpoints {
+			if e.Addr == addr {
+				return e
+			}
+		}
+		t.Fatalf("no endpoint %s", addr)
+		return EndpointSnapshot{}
+	}
+	if p, d := state(pdP1), state(pdPD); p.ActivePrefill != 1000 || p.AwaitingEngine != 1 || p.InFlight != 0 ||
+		d.ActivePrefill != 100 || d.AwaitingEngine != 1 || d.InFlight != 0 {
+		t.Fatalf("after both streams ended: prefill pod %+v, decode pod %+v; want 1000 and 100 tokens awaiting, nothing in flight", p, d)
+	}
+	// The KV cache arrived: the decode pod's counter shows the long
+	// prompt, while the short one still waits there.
+	scrapeEP(c, ms(50), pdPD, 1, 1, 1000)
+	if d := state(pdPD); d.ActivePrefill != 100 || d.AwaitingEngine != 1 {
+		t.Fatalf("the decode pod counted the transferred prompt: %+v, want the short grant still charged", d)
+	}
+	scrapeEP(c, ms(50), pdP1, 0, 0, 1000)
+	if p := state(pdP1); p.ActivePrefill != 0 || p.AwaitingEngine != 0 {
+		t.Fatalf("the prefill pod prefilled the long prompt: %+v, want nothing charged", p)
+	}
+	scrapeEP(c, ms(100), pdPD, 0, 2, 1100)
+	if d := state(pdPD); d.ActivePrefill != 0 || d.AwaitingEngine != 0 {
+		t.Fatalf("the decode pod prefilled the short prompt: %+v, want nothing charged", d)
+	}
+}
