@@ -138,6 +138,9 @@ func TestRun(t *testing.T) {
 		if o.Leave < q.Arrival || o.Attempts != 1 {
 			t.Errorf("request %d: left at %d, arrived %d, %d attempts", i, o.Leave, q.Arrival, o.Attempts)
 		}
+		if o.Prefill != -1 { // a real run does not learn a prefill server
+			t.Errorf("request %d: prefill server %d, want none (-1)", i, o.Prefill)
+		}
 		if want := res.Classes[o.Class]; want != q.Class {
 			t.Errorf("request %d: class %q, header %q", i, want, q.Class)
 		}
