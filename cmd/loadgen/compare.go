@@ -17,13 +17,16 @@ import (
 // the machine's drift from favouring either side.
 func compare(ctx context.Context, f *flags, lane *picker, cfg load.Config, levels []int) error {
 	if !f.spawn || spawnedEndpoint == "" {
-		return errors.New("--compare-lwepp and --compare-floor need --spawn (the references route to the spawned idle endpoint)")
+		return errors.New("--compare-lwepp, --compare-floor and --compare-tickets need --spawn (the references route to the spawned idle endpoint)")
 	}
 	var refs []*picker
 	for _, want := range []struct {
 		on    bool
 		spawn func(context.Context, *flags) (*picker, func(), error)
-	}{{lw.compare, spawnLWEPP}, {f.floor, spawnFloor}} {
+	}{{tk.compare, func(ctx context.Context, f *flags) (*picker, func(), error) {
+		return spawnFollower(ctx, f, lane.r.PickerCPU)
+	}},
+		{lw.compare, spawnLWEPP}, {f.floor, spawnFloor}} {
 		if !want.on {
 			continue
 		}
@@ -40,9 +43,15 @@ func compare(ctx context.Context, f *flags, lane *picker, cfg load.Config, level
 	sides := append(append([]*picker{&first}, refs...), &second)
 	for _, c := range runConfigs(f, cfg, levels) {
 		res := make([]load.Result, len(sides))
+		var fs followerSide
 		for i, p := range sides {
 			var err error
-			if res[i], err = p.run(ctx, f, c); err != nil {
+			if p.follower != nil {
+				res[i], fs, err = runFollower(ctx, f, p, c)
+			} else {
+				res[i], err = p.run(ctx, f, c)
+			}
+			if err != nil {
 				return fmt.Errorf("%s: %w", p.label, err)
 			}
 			if err := report(f, p, &res[i]); err != nil {
@@ -50,7 +59,7 @@ func compare(ctx context.Context, f *flags, lane *picker, cfg load.Config, level
 			}
 		}
 		if !f.jsonOut {
-			fmt.Println(compareLine(sides, res))
+			fmt.Println(compareLine(sides, res, fs))
 		}
 	}
 	return nil
@@ -59,7 +68,7 @@ func compare(ctx context.Context, f *flags, lane *picker, cfg load.Config, level
 // compareLine sums up one alternation on a line: Laneway's two runs, each
 // reference, and how far Laneway's p50 and p99 (the mean of its runs) sit
 // above the floor when it ran.
-func compareLine(sides []*picker, res []load.Result) string {
+func compareLine(sides []*picker, res []load.Result, fs followerSide) string {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.3f", float64(d)/float64(time.Millisecond)) }
 	cpu := func(r *load.Result) string {
 		if !r.HasPickerCPU {
@@ -76,6 +85,12 @@ func compareLine(sides []*picker, res []load.Result) string {
 		r := &res[i]
 		fmt.Fprintf(&b, "  |  %s p50 %s p99 %s max %s ms, CPU %s s per 1,000",
 			sides[i].name, ms(r.Latency.P50), ms(r.Latency.P99), ms(r.Latency.Max), cpu(r))
+		if sides[i].name == ticketsName {
+			fmt.Fprintf(&b, ", follower CPU %.4f s per 1,000 (%v decisions not tickets)", fs.cpuPer1000, fs.notTickets)
+			if a.HasPickerCPU && c.HasPickerCPU && r.HasPickerCPU {
+				fmt.Fprintf(&b, "  |  picker CPU per ticket / per local decision: %.3f", r.PickerCPUPer1000/((a.PickerCPUPer1000+c.PickerCPUPer1000)/2))
+			}
+		}
 		if sides[i].name == floorName {
 			fmt.Fprintf(&b, "  |  laneway above the floor: p50 %+.3f p99 %+.3f ms",
 				ms64((a.Latency.P50+c.Latency.P50)/2-r.Latency.P50), ms64((a.Latency.P99+c.Latency.P99)/2-r.Latency.P99))

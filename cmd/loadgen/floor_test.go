@@ -57,7 +57,7 @@ func TestCompareLine(t *testing.T) {
 		{Latency: load.Summary{P50: ms / 5, P99: ms, Max: 6 * ms}},
 	}
 	sides := []*picker{{name: "laneway"}, {name: "lwepp"}, {name: "floor"}, {name: "laneway"}}
-	got := compareLine(sides, res)
+	got := compareLine(sides, res, followerSide{})
 	for _, want := range []string{
 		"laneway p50 0.200/0.200 p99 0.800/1.000",
 		"lwepp p50 0.500 p99 2.000 max 9.000 ms, CPU n/a",

@@ -28,6 +28,10 @@ var lw lweppFlags
 // routes to the same address.
 var spawnedEndpoint string
 
+// spawnedBin is the epp binary spawn started (the follower of
+// --compare-tickets runs it too).
+var spawnedBin string
+
 func (l *lweppFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&l.compare, "compare-lwepp", false,
 		"with --spawn: also start the upstream reference picker (cmd/lwepp of gateway-api-inference-extension, reading its own envtest API server; needs `make envtest`) "+

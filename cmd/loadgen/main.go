@@ -107,6 +107,7 @@ func main() {
 	fs.StringVar(&f.latencyLog, "latency-log", "", "write every request's start time and decision latency to this file")
 	lw.register(fs)
 	sk.register(fs)
+	tk.register(fs)
 	fs.BoolVar(&f.floor, "compare-floor", false,
 		"with --spawn: also start a grpc-go ext_proc server that only answers (same transport options, same endpoint; this machine's transport floor) "+
 			"and measure laneway, floor, laneway again for every run: Laneway's latency above the floor is what its own work adds")
@@ -213,7 +214,7 @@ func run(ctx context.Context, f *flags) error {
 
 	cfg := load.Config{Rate: f.rate, Hold: f.hold, Duration: f.duration, ConcurrencyCap: f.capN, PromptTokens: f.tokens,
 		HeaderOnly: !f.phases}
-	if lw.compare || f.floor {
+	if lw.compare || f.floor || tk.compare {
 		return compare(ctx, f, lane, cfg, levels)
 	}
 	for _, c := range runConfigs(f, cfg, levels) {
@@ -236,6 +237,10 @@ type picker struct {
 	name, label string
 	r           *load.Runner
 	addr        string
+	// follower and routes, for the tickets side of --compare-tickets,
+	// sample the follower's CPU and its decisions by route.
+	follower load.CPUSampler
+	routes   func() (map[string]float64, error)
 }
 
 // connect dials f.conns gateway clients to addr and warms the picker up
@@ -396,6 +401,12 @@ func spawn(ctx context.Context, f *flags) (*launch.EPP, func(), error) {
 			return nil, nil, err
 		}
 	}
+	spawnedBin = bins.Epp
+	replicaArgs, err := tk.leaderArgs(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("replica identity: %w", err)
+	}
 	logf, err := os.Create(dir + "/epp.log")
 	if err != nil {
 		os.RemoveAll(dir)
@@ -412,7 +423,7 @@ func spawn(ctx context.Context, f *flags) (*launch.EPP, func(), error) {
 	}
 	spawnedEndpoint = dummy.Addr()
 	p, err := bins.StartEPP(ctx, launch.EPPOptions{
-		TLS: f.tls, Endpoints: []string{dummy.Addr()}, Args: f.eppArgs, Proc: launch.ProcOptions{Output: logf},
+		TLS: f.tls, Endpoints: []string{dummy.Addr()}, Args: append(replicaArgs, f.eppArgs...), Proc: launch.ProcOptions{Output: logf},
 	})
 	if err != nil {
 		dummy.Close()

@@ -20,8 +20,8 @@ import (
 // rbacMarker matches one +kubebuilder:rbac marker line.
 var rbacMarker = regexp.MustCompile(`^//\s*\+kubebuilder:rbac:(.*)$`)
 
-// markerRules reads the package's rbac markers as (group, resource) ->
-// verbs, and the namespace of each marker.
+// markerRules reads the package's rbac markers as (group, resource,
+// resource names) -> verbs, and the namespace of each marker.
 func markerRules(t *testing.T) (map[string][]string, []string) {
 	t.Helper()
 	files, err := filepath.Glob("*.go")
@@ -54,7 +54,7 @@ func markerRules(t *testing.T) (map[string][]string, []string) {
 			namespaces = append(namespaces, args["namespace"])
 			for _, g := range strings.Split(args["groups"], ";") {
 				for _, r := range strings.Split(args["resources"], ";") {
-					key := g + "/" + r
+					key := ruleKey(g, r, strings.Split(args["resourceNames"], ";"))
 					rules[key] = append(rules[key], strings.Split(args["verbs"], ";")...)
 				}
 			}
@@ -65,6 +65,17 @@ func markerRules(t *testing.T) (map[string][]string, []string) {
 		rules[k] = slices.Compact(rules[k])
 	}
 	return rules, namespaces
+}
+
+// ruleKey names a rule's object set: group/resource, and [names] when the
+// rule is restricted to some.
+func ruleKey(group, resource string, names []string) string {
+	names = slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == "" })
+	if len(names) == 0 {
+		return group + "/" + resource
+	}
+	slices.Sort(names)
+	return group + "/" + resource + "[" + strings.Join(names, ";") + "]"
 }
 
 func readYAML(t *testing.T, path string, into any) {
@@ -103,12 +114,13 @@ func TestRBACMatchesMarkers(t *testing.T) {
 	}
 	got := map[string][]string{}
 	for _, r := range role.Rules {
-		if len(r.ResourceNames) > 0 || len(r.NonResourceURLs) > 0 {
-			t.Errorf("rule %+v uses resourceNames or nonResourceURLs, which the markers do not", r)
+		if len(r.NonResourceURLs) > 0 {
+			t.Errorf("rule %+v uses nonResourceURLs, which the markers do not", r)
 		}
 		for _, g := range r.APIGroups {
 			for _, res := range r.Resources {
-				got[g+"/"+res] = append(got[g+"/"+res], r.Verbs...)
+				key := ruleKey(g, res, r.ResourceNames)
+				got[key] = append(got[key], r.Verbs...)
 			}
 		}
 	}
@@ -128,6 +140,18 @@ func TestRBACMatchesMarkers(t *testing.T) {
 		if slices.Contains(v, "*") {
 			t.Errorf("role.yaml grants every verb on %s", k)
 		}
+	}
+}
+
+// TestLeaseRuleNamesThePoolsLease: the picker may create a Lease, but
+// read and update only its pool's (the placeholder pool "pool").
+func TestLeaseRuleNamesThePoolsLease(t *testing.T) {
+	rules, _ := markerRules(t)
+	if got := rules["coordination.k8s.io/leases"]; !slices.Equal(got, []string{"create"}) {
+		t.Errorf("leases of any name: %v, want only create (RBAC cannot name a created object)", got)
+	}
+	if got := rules["coordination.k8s.io/leases[laneway-epp-pool]"]; !slices.Equal(got, []string{"get", "update"}) {
+		t.Errorf("the pool's Lease laneway-epp-pool: %v, want get and update", got)
 	}
 }
 

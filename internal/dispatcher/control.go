@@ -12,23 +12,15 @@ import (
 // per-request path).
 
 // call runs fn on the loop and waits until it ran, or reports false when
-// the loop stopped first.
+// the loop stopped first. A command sent runs even when the loop stops
+// meanwhile (Run answers late commands).
 func (d *Dispatcher) call(fn func()) bool {
 	ran := make(chan struct{})
 	if !d.send(command{fn: func() { fn(); close(ran) }}) {
 		return false
 	}
-	select {
-	case <-ran:
-		return true
-	case <-d.done:
-		select {
-		case <-ran:
-			return true
-		default:
-			return false
-		}
-	}
+	<-ran
+	return true
 }
 
 // SetEndpoints replaces the endpoint set (sched.Core.SetEndpoints).

@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,7 @@ type Dispatcher struct {
 	relWake  chan struct{} // capacity 1: "the mailbox has news"
 	hasQueue atomic.Bool   // the loop holds queued requests; set by the loop
 	stopped  atomic.Bool   // Run returned: releases are dropped
+	senders  atomic.Int64  // callers between their look at done and their send
 	hashBS   atomic.Int64  // the core's BlockSize, published by the loop
 	identity atomic.Pointer[policy.Identity]
 
@@ -57,10 +59,12 @@ type release struct {
 }
 
 // waiter is one Acquire call: the core's request and the reply channel the
-// loop sends its one answer on.
+// loop sends its one answer on; or one Offer, whose answer goes to done
+// instead.
 type waiter struct {
 	req   sched.Request
 	reply chan result
+	done  func(*sched.Grant, error)
 }
 
 type result struct {
@@ -95,8 +99,6 @@ func (d *Dispatcher) now() int64 { return int64(time.Since(d.start)) }
 // Run owns the core until ctx ends; then it answers every queued request
 // with ErrShuttingDown and returns. Acquire calls after that fail fast.
 func (d *Dispatcher) Run(ctx context.Context) {
-	defer close(d.done)
-	defer d.stopped.Store(true)
 	for {
 		d.settle()
 		select {
@@ -116,15 +118,10 @@ func (d *Dispatcher) Run(ctx context.Context) {
 			d.core.Shutdown(d.now())
 			d.flush()
 			d.timer.Stop()
-			for { // answer what raced into the channel; later senders see done
-				select {
-				case c := <-d.cmds:
-					d.handle(c)
-					d.flush()
-				default:
-					return
-				}
-			}
+			d.stopped.Store(true)
+			close(d.done)
+			d.answerLate()
+			return
 		}
 		d.flush()
 	}
@@ -157,7 +154,11 @@ func (d *Dispatcher) flush() {
 		for _, o := range d.obs {
 			o.Decided(l)
 		}
-		l.Req.Owner.(*waiter).reply <- result{l.Grant, l.Err} // buffered: the loop's last use of it
+		if w := l.Req.Owner.(*waiter); w.done != nil {
+			w.done(l.Grant, l.Err)
+		} else {
+			w.reply <- result{l.Grant, l.Err} // buffered: the loop's last use of it
+		}
 	}
 	d.publishBlockSize()
 	d.timer.Stop()
@@ -174,6 +175,11 @@ func (d *Dispatcher) publishBlockSize() {
 		d.hashBS.Store(bs)
 	}
 }
+
+// HasQueue reports whether the loop held queued requests when it last
+// looked (every turn): release events are then wanted at once, since one
+// may let a request go. Safe for concurrent use.
+func (d *Dispatcher) HasQueue() bool { return d.hasQueue.Load() }
 
 // mailbox is the core's Releaser: the dispatcher's mailbox.
 type mailbox struct{ d *Dispatcher }
@@ -232,8 +238,48 @@ func (d *Dispatcher) settle() {
 	}
 }
 
+// answerLate answers, once the loop stopped (done is closed), the
+// commands of callers that looked at done before it closed: an admission
+// gets ErrShuttingDown, a function still runs. A caller that looks at
+// done after it closed sends nothing (enter), so once no caller is
+// between the two and the channel is empty, nothing can arrive any more.
+func (d *Dispatcher) answerLate() {
+	for {
+		select {
+		case c := <-d.cmds:
+			d.handle(c)
+			d.flush()
+		default:
+			if d.senders.Load() == 0 && len(d.cmds) == 0 {
+				return
+			}
+			runtime.Gosched() // a caller is about to send or to give up
+		}
+	}
+}
+
+// enter begins a send: it reports false, and the caller must not send,
+// once the loop has stopped. A true answer must be followed by leave.
+func (d *Dispatcher) enter() bool {
+	d.senders.Add(1)
+	select {
+	case <-d.done:
+		d.senders.Add(-1)
+		return false
+	default:
+		return true
+	}
+}
+
+func (d *Dispatcher) leave() { d.senders.Add(-1) }
+
 // send hands a command to the loop, or reports false once it has stopped.
+// A command sent is handled, before or after the loop stopped.
 func (d *Dispatcher) send(c command) bool {
+	if !d.enter() {
+		return false
+	}
+	defer d.leave()
 	select {
 	case d.cmds <- c:
 		return true
@@ -247,14 +293,20 @@ func (d *Dispatcher) send(c command) bool {
 // *NoEndpointError (503), ErrShuttingDown (503), or ctx's error when the
 // caller gave up (the ticket then leaves the queue at once).
 func (d *Dispatcher) Acquire(ctx context.Context, t *sched.Ticket) (*sched.Grant, error) {
+	if !d.enter() {
+		return nil, sched.ErrShuttingDown
+	}
 	w := waiters.Get().(*waiter)
 	w.req.Reset(t, w)
 	select {
 	case d.cmds <- command{w: w}:
+		d.leave()
 	case <-d.done:
+		d.leave()
 		waiters.Put(w)
 		return nil, sched.ErrShuttingDown
 	case <-ctx.Done():
+		d.leave()
 		waiters.Put(w)
 		return nil, ctx.Err()
 	}
@@ -269,7 +321,10 @@ func (d *Dispatcher) Acquire(ctx context.Context, t *sched.Ticket) (*sched.Grant
 		d.send(command{w: w, cancel: true})
 		return nil, ctx.Err()
 	case <-d.done:
-		select { // Run answers everything before closing done
+		// Run answered what it decided before closing done; a command
+		// that raced in gets ErrShuttingDown after, into the buffered
+		// reply nobody reads (w is not recycled).
+		select {
 		case r := <-w.reply:
 			return r.g, r.err
 		default:
@@ -277,3 +332,31 @@ func (d *Dispatcher) Acquire(ctx context.Context, t *sched.Ticket) (*sched.Grant
 		}
 	}
 }
+
+// Offered is a ticket handed to the loop by Offer, which no caller waits
+// for.
+type Offered struct{ w *waiter }
+
+// Offer hands t to the loop without waiting for the answer: done is
+// called exactly once with what Acquire would have returned (a grant, or
+// *drr.Rejection, *ShedError, *NoEndpointError, ErrShuttingDown, or
+// ErrCancelled after Cancel). It runs on the loop goroutine, so it must
+// not block or call the dispatcher; when the loop has stopped it runs on
+// the caller's goroutine before Offer returns. The leader's side of the
+// replica link (internal/ha) offers its followers' tickets this way, with
+// no goroutine per ticket. Offer blocks only while the command channel is
+// full. The loop may read t until done was called.
+func (d *Dispatcher) Offer(t *sched.Ticket, done func(*sched.Grant, error)) *Offered {
+	w := &waiter{done: done}
+	w.req.Reset(t, w)
+	if !d.send(command{w: w}) {
+		done(nil, sched.ErrShuttingDown)
+	}
+	return &Offered{w}
+}
+
+// Cancel withdraws an offered ticket: still queued, it leaves the queue
+// and its done gets ErrCancelled; already granted, the grant is released
+// (as Acquire's cancellation does); already answered otherwise, nothing
+// happens. It blocks only while the command channel is full.
+func (d *Dispatcher) Cancel(o *Offered) { d.send(command{w: o.w, cancel: true}) }

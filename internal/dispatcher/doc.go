@@ -15,7 +15,12 @@
 // no goroutine per queued request: a waiting caller blocks on a buffered
 // channel and its own context.
 //
-// Every Acquire gets exactly one result. A caller whose context ends while
+// Offer is Acquire without a waiting caller: the answer goes to a
+// function the loop calls, so the leader's side of the replica link
+// (internal/ha) feeds its followers' tickets into the same queue without
+// a goroutine per ticket, and Cancel withdraws one.
+//
+// Every Acquire gets exactly one result, and every Offer one answer. A caller whose context ends while
 // queued is removed at once; if the loop had already granted it, the grant
 // is released so the endpoint's accounting does not leak.
 package dispatcher

@@ -8,6 +8,6 @@
 // (standalone mode) and RunKube (Kubernetes mode, --pool-name:
 // internal/controller feeds the dispatcher, readiness follows cache sync
 // and a valid policy, and with leader election internal/ha elects one
-// leader on the pool's Lease, to which the followers forward their
-// streams).
+// leader on the pool's Lease, to which the followers send a ticket per
+// request over the replica link, its own port: Server.useReplicaLink).
 package epp

@@ -161,7 +161,10 @@ func (h *Handler) replyFor(err error) error {
 	var rej *drr.Rejection
 	var shed *sched.ShedError
 	var none *sched.NoEndpointError
+	var reply *extproc.Reply
 	switch {
+	case errors.As(err, &reply):
+		return reply // the leader's own answer to a ticket (internal/ha)
 	case errors.As(err, &rej):
 		details := map[string]any{
 			"policy_class": rej.Class,

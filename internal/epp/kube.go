@@ -81,11 +81,9 @@ func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 		return err
 	}
 	grpcAddr, healthAddr, metricsAddr := srv.Addrs()
-	log.Info("endpoint picker serving (Kubernetes mode)", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr,
+	log.Info("endpoint picker serving (Kubernetes mode)", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr, "replica", srv.ReplicaAddr(),
 		"tls", opts.SecureServing, "pool", opts.Kube.PoolNamespace+"/"+opts.Kube.PoolName, "leaderElection", opts.Kube.LeaderElection, "identity", identity)
-	err = srv.Run(ctx, parts...)
-	srv.route.Close()
-	return err
+	return srv.Run(ctx, parts...)
 }
 
 // setupKube registers the controllers and the readiness gate with mgr and
@@ -130,8 +128,7 @@ func setupKube(cfg *rest.Config, mgr manager.Manager, srv *Server, opts *Options
 		return parts, "", nil
 	}
 
-	link := leaderLink(opts)
-	identity := ha.Identity(srv.grpcLn.Addr(), ha.ServingPin(link, srv.tlsCfg))
+	identity := srv.Identity()
 	lock, err := ha.LeaseLock(cfg, k.PoolNamespace, k.PoolName, identity, k.RenewDeadline)
 	if err != nil {
 		return nil, "", err
@@ -145,27 +142,10 @@ func setupKube(cfg *rest.Config, mgr manager.Manager, srv *Server, opts *Options
 	if err != nil {
 		return nil, "", fmt.Errorf("leader election: %w", err)
 	}
-	err = srv.route.Follow(ha.FollowConfig{
-		Leader: el, Self: identity, Gate: srv.gate,
-		Refusals: []string{ReasonNotReady, ReasonPolicyInvalid, ReasonShuttingDown},
-		Link:     link, Registry: srv.reg, Log: log.WithName("forward"),
-	})
-	if err != nil {
+	if err := srv.useReplicaLink(identity, el); err != nil {
 		return nil, "", err
 	}
 	return append(parts, manager.RunnableFunc(el.Run)), identity, nil
-}
-
-// leaderLink is the leader link's transport: the gateways' own, as the
-// flags set it.
-func leaderLink(opts *Options) ha.LinkOptions {
-	return ha.LinkOptions{
-		TLS:          opts.SecureServing,
-		CertPath:     opts.CertPath,
-		MutualTLS:    opts.ClientCA != "",
-		Insecure:     opts.Kube.LeaderTLSInsecure,
-		MaxBodyBytes: opts.MaxBodyBytes,
-	}
 }
 
 // managerPart runs the controller manager as a part of the Server. The

@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/pflag"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/laneway-dev/laneway/internal/ha"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 	"github.com/laneway-dev/laneway/pkg/sched"
 )
@@ -196,18 +195,48 @@ func TestReadinessGate(t *testing.T) {
 	}
 }
 
-// TestLeaderLink: the leader link takes the gateways' transport and the
-// leader's trust from the flags.
-func TestLeaderLink(t *testing.T) {
-	o := testOptions(func(o *Options) {
-		o.SecureServing, o.CertPath, o.ClientCA, o.MaxBodyBytes = true, "/certs", "/ca/ca.crt", 1000
-		o.Kube.LeaderTLSInsecure = true
-	})
-	want := ha.LinkOptions{TLS: true, CertPath: "/certs", MutualTLS: true, Insecure: true, MaxBodyBytes: 1000}
-	if got := leaderLink(o); got != want {
-		t.Errorf("leaderLink = %+v, want %+v", got, want)
+// TestReplicaLinkOptions: leader election needs the replica identity;
+// --replica-leader is standalone and needs it too; the replica link is
+// served with leader election, and standalone with an identity.
+func TestReplicaLinkOptions(t *testing.T) {
+	check := func(o *Options) error {
+		if err := o.Complete(); err != nil {
+			return err
+		}
+		return o.Validate()
 	}
-	if got := leaderLink(NewOptions()); got.MutualTLS || got.Insecure || got.CertPath != "" || !got.TLS {
-		t.Errorf("leaderLink of the defaults = %+v, want TLS without a client certificate, verified", got)
+	for _, tc := range []struct {
+		name    string
+		set     func(*Options)
+		wantErr string
+		serves  bool
+	}{
+		{name: "election without an identity", set: func(o *Options) { o.Kube.PoolName, o.Kube.LeaderElection = "pool", true },
+			wantErr: "--ha-enable-leader-election needs --replica-cert-path"},
+		{name: "election", set: func(o *Options) { o.Kube.PoolName, o.Kube.LeaderElection, o.ReplicaCertPath = "pool", true, "/id" }, serves: true},
+		{name: "Kubernetes without election", set: func(o *Options) { o.Kube.PoolName, o.ReplicaCertPath = "pool", "/id" }},
+		{name: "standalone with an identity", set: func(o *Options) { o.ReplicaCertPath = "/id" }, serves: true},
+		{name: "a fixed leader without an identity", set: func(o *Options) { o.ReplicaLeader = "10.0.0.1:9004" },
+			wantErr: "--replica-leader needs --replica-cert-path"},
+		{name: "a fixed leader in Kubernetes mode", set: func(o *Options) { o.Kube.PoolName, o.ReplicaCertPath, o.ReplicaLeader = "pool", "/id", "10.0.0.1:9004" },
+			wantErr: "--replica-leader is for standalone mode"},
+		{name: "a fixed leader", set: func(o *Options) { o.ReplicaCertPath, o.ReplicaLeader = "/id", "10.0.0.1:9004" }, serves: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := testOptions(tc.set)
+			err := check(o)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Validate = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := o.ServesReplicaLink(); got != tc.serves {
+				t.Errorf("ServesReplicaLink = %v, want %v", got, tc.serves)
+			}
+		})
 	}
 }

@@ -24,6 +24,9 @@ const (
 	DefaultGRPCPort       = 9002
 	DefaultGRPCHealthPort = 9003
 	DefaultMetricsPort    = 9090
+	// DefaultReplicaPort is the replica link's port (tickets between
+	// replicas, SPEC §15).
+	DefaultReplicaPort = 9004
 )
 
 // DefaultPprofBind is where pprof listens unless --pprof-bind says
@@ -57,6 +60,18 @@ type Options struct {
 	// requires every client (gateway) to present a certificate that
 	// verifies against it (mutual TLS). Reloaded when the file changes.
 	ClientCA string
+	// ReplicaPort is the replica link's port: a replica serves it to
+	// take other replicas' tickets (with leader election, or with
+	// ReplicaCertPath standalone).
+	ReplicaPort int
+	// ReplicaCertPath is the replica identity: a folder with tls.crt,
+	// tls.key and ca.crt (the CA that signs every replica of the pool).
+	// The replica link is mutual TLS with it; leader election needs it.
+	ReplicaCertPath string
+	// ReplicaLeader, standalone, is a fixed leader's replica-link
+	// address: this replica sends it its tickets (no election; for
+	// benchmarks and setups without Kubernetes).
+	ReplicaLeader string
 	// MaxNumBatchedTokens is the default max_num_batched_tokens of an
 	// endpoint, used by prefill_busy_threshold_frac.
 	MaxNumBatchedTokens uint64
@@ -134,12 +149,14 @@ type KubeOptions struct {
 	// runtime's resolution ($KUBECONFIG, in-cluster, ~/.kube/config).
 	Kubeconfig string
 	// LeaderElection elects one replica on a Lease to hold the pool's one
-	// queue: every synced replica is ready, followers forward each stream
-	// to the leader (internal/ha) and schedule locally when none is
-	// reachable.
+	// queue: every synced replica is ready and parses its own requests,
+	// followers send the leader tickets over the replica link
+	// (internal/ha) and schedule locally when none is reachable.
 	LeaderElection bool
-	// LeaderTLSInsecure skips verifying the leader's certificate when a
-	// follower forwards to it over TLS (ha.LinkOptions).
+	// LeaderTLSInsecure is the flag of replicas before the replica link
+	// (it skipped verifying the leader's serving certificate); it is
+	// accepted and does nothing: the link is verified with the replica
+	// identity.
 	LeaderTLSInsecure bool
 	// LeaseDuration, RenewDeadline and RetryPeriod tune the election. A
 	// killed leader is replaced within about LeaseDuration.
@@ -159,6 +176,13 @@ const DefaultDisaggregateAboveUncachedTokens = 256
 
 // Kubernetes reports whether the options select Kubernetes mode.
 func (o *Options) Kubernetes() bool { return o.Kube.PoolName != "" }
+
+// ServesReplicaLink reports whether the replica serves the replica link
+// (it may decide other replicas' tickets): with leader election, and
+// standalone whenever it has a replica identity.
+func (o *Options) ServesReplicaLink() bool {
+	return o.ReplicaCertPath != "" && (o.Kube.LeaderElection || !o.Kubernetes())
+}
 
 // DefaultPoolGroup is the API group of the InferencePool v1 kind, the only
 // pool kind Kubernetes mode reads.
@@ -180,6 +204,7 @@ func NewOptions() *Options {
 		GRPCPort:            DefaultGRPCPort,
 		GRPCHealthPort:      DefaultGRPCHealthPort,
 		MetricsPort:         DefaultMetricsPort,
+		ReplicaPort:         DefaultReplicaPort,
 		SecureServing:       true,
 		MaxNumBatchedTokens: 8192,
 		EngineType:          "vllm",
@@ -225,6 +250,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.SecureServing, "secure-serving", o.SecureServing, "Serve ext_proc over TLS (ALPN h2); self-signed unless --cert-path is set.")
 	fs.StringVar(&o.CertPath, "cert-path", o.CertPath, "Folder holding tls.crt and tls.key for the ext_proc server; reread when they change.")
 	fs.StringVar(&o.ClientCA, "client-ca", o.ClientCA, "PEM bundle of CA certificates: with it the ext_proc server requires and verifies client certificates against it (mutual TLS); reread when it changes.")
+	fs.IntVar(&o.ReplicaPort, "replica-port", o.ReplicaPort, "Replica link port: other replicas send this one their tickets here when it leads (mutual TLS with --replica-cert-path; served with leader election, or standalone with --replica-cert-path).")
+	fs.StringVar(&o.ReplicaCertPath, "replica-cert-path", o.ReplicaCertPath, "Folder holding the replica identity: tls.crt and tls.key, and ca.crt, the CA that signs every replica of the pool; reread when they change. The replica link is mutual TLS with it, and a stream's x-laneway-forwarded-by marker counts only from a client presenting it. Required with --ha-enable-leader-election.")
+	fs.StringVar(&o.ReplicaLeader, "replica-leader", o.ReplicaLeader, "Standalone mode: send every request's ticket to the replica whose replica link is at this host:port (a fixed leader, no election; for benchmarks and setups without Kubernetes). Needs --replica-cert-path.")
 	fs.Uint64Var(&o.MaxNumBatchedTokens, "max-num-batched-tokens", o.MaxNumBatchedTokens, "Default max_num_batched_tokens of a model server.")
 	fs.StringVar(&o.EngineType, "engine-type", o.EngineType, "Model-server engine: vllm, sglang or trtllm.")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "After SIGTERM, how long the picker reports NotReady but keeps serving new streams, so that Services and gateways stop sending first (0: stop accepting at once).")
@@ -247,8 +275,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&k.PoolNamespace, "pool-namespace", k.PoolNamespace, "Namespace of the InferencePool (default: $POD_NAMESPACE, else default).")
 	fs.StringVar(&k.PoolGroup, "pool-group", k.PoolGroup, "API group of the InferencePool.")
 	fs.StringVar(&k.Kubeconfig, "kubeconfig", k.Kubeconfig, "Kubeconfig file (default: $KUBECONFIG, in-cluster, then ~/.kube/config).")
-	fs.BoolVar(&k.LeaderElection, "ha-enable-leader-election", k.LeaderElection, "Elect one replica on a Lease to hold the queue: every synced replica is ready; followers forward each stream to the leader, and schedule locally while no leader is reachable.")
-	fs.BoolVar(&k.LeaderTLSInsecure, "leader-tls-insecure", k.LeaderTLSInsecure, "With TLS and --cert-path, do not verify the leader's certificate when forwarding to it (without --cert-path the self-signed certificate is pinned through the Lease).")
+	fs.BoolVar(&k.LeaderElection, "ha-enable-leader-election", k.LeaderElection, "Elect one replica on a Lease to hold the queue: every synced replica is ready and parses its own requests; followers send the leader a ticket per request over the replica link (--replica-cert-path, --replica-port), and schedule locally while no leader is reachable.")
+	fs.BoolVar(&k.LeaderTLSInsecure, "leader-tls-insecure", k.LeaderTLSInsecure, "No effect: the replica link is verified with --replica-cert-path.")
+	_ = fs.MarkDeprecated("leader-tls-insecure", "the replica link is verified with --replica-cert-path")
 	fs.DurationVar(&k.LeaseDuration, "leader-election-lease-duration", k.LeaseDuration, "How long a follower waits before taking over a leader that stopped renewing.")
 	fs.DurationVar(&k.RenewDeadline, "leader-election-renew-deadline", k.RenewDeadline, "How long the leader retries renewing before it gives up leadership.")
 	fs.DurationVar(&k.RetryPeriod, "leader-election-retry-period", k.RetryPeriod, "How often candidates try to acquire or renew the Lease.")
@@ -297,7 +326,7 @@ func (o *Options) Validate() error {
 			errs = append(errs, fmt.Errorf("--endpoints: %q is not ip:port: %w", ep, err))
 		}
 	}
-	for name, p := range map[string]int{"--grpc-port": o.GRPCPort, "--grpc-health-port": o.GRPCHealthPort, "--metrics-port": o.MetricsPort, "--pprof-port": o.PprofPort} {
+	for name, p := range map[string]int{"--grpc-port": o.GRPCPort, "--grpc-health-port": o.GRPCHealthPort, "--metrics-port": o.MetricsPort, "--pprof-port": o.PprofPort, "--replica-port": o.ReplicaPort} {
 		if p < 0 || p > 65535 {
 			errs = append(errs, fmt.Errorf("%s: %d is not a port", name, p))
 		}
@@ -314,8 +343,19 @@ func (o *Options) Validate() error {
 	if o.ClientCA != "" && !o.SecureServing {
 		errs = append(errs, fmt.Errorf("--client-ca %s needs --secure-serving: client certificates are part of TLS", o.ClientCA))
 	}
-	if o.ClientCA != "" && o.Kube.LeaderElection && o.CertPath == "" {
-		errs = append(errs, fmt.Errorf("--client-ca %s with --ha-enable-leader-election needs --cert-path: followers forward streams to the leader presenting their serving certificate, which must chain to a CA of --client-ca (a self-signed one never does)", o.ClientCA))
+	if o.Kube.LeaderElection && o.ReplicaCertPath == "" {
+		errs = append(errs, errors.New("--ha-enable-leader-election needs --replica-cert-path: the replicas send their leader tickets over mutual TLS with the replica identity (the chart provisions it)"))
+	}
+	if o.ReplicaLeader != "" {
+		if o.Kubernetes() {
+			errs = append(errs, errors.New("--replica-leader is for standalone mode: in Kubernetes mode the leader is elected (--ha-enable-leader-election)"))
+		}
+		if o.ReplicaCertPath == "" {
+			errs = append(errs, errors.New("--replica-leader needs --replica-cert-path: the replica link is mutual TLS with the replica identity"))
+		}
+		if _, _, err := net.SplitHostPort(o.ReplicaLeader); err != nil {
+			errs = append(errs, fmt.Errorf("--replica-leader: %q is not host:port: %w", o.ReplicaLeader, err))
+		}
 	}
 	if o.MaxFallbacks < 0 {
 		errs = append(errs, fmt.Errorf("--max-fallbacks: %d is negative", o.MaxFallbacks))

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/laneway-dev/laneway/internal/dispatcher"
+	"github.com/laneway-dev/laneway/internal/ha"
 	"github.com/laneway-dev/laneway/pkg/policy"
 	"github.com/laneway-dev/laneway/pkg/sched"
 )
@@ -46,9 +47,20 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 		return err
 	}
 	srv.Dispatcher().SetEndpoints(eps)
+	identity := srv.Identity()
+	if opts.ReplicaCertPath != "" {
+		var view ha.LeaderView
+		if opts.ReplicaLeader != "" {
+			view = ha.StaticLeader(opts.ReplicaLeader)
+		}
+		if err := srv.useReplicaLink(identity, view); err != nil {
+			srv.closeListeners()
+			return err
+		}
+	}
 	grpcAddr, healthAddr, metricsAddr := srv.Addrs()
-	log.Info("endpoint picker serving", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr,
-		"tls", opts.SecureServing, "endpoints", len(eps), "classes", len(compiled.Classes))
+	log.Info("endpoint picker serving", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr, "replica", srv.ReplicaAddr(),
+		"tls", opts.SecureServing, "endpoints", len(eps), "classes", len(compiled.Classes), "identity", identity, "replicaLeader", opts.ReplicaLeader)
 	logClasses(log, compiled)
 	log.Info("tenants: " + compiled.Identity().String())
 	srv.SetReady(true)

@@ -56,9 +56,8 @@ func TestBoundScrapes(t *testing.T) {
 	}
 }
 
-// TestTLSOptions: --client-ca needs TLS (and, with leader election, a
-// --cert-path pair the followers present to the leader), and a bundle
-// that cannot be loaded fails the start naming the flag.
+// TestTLSOptions: --client-ca needs TLS, and a bundle that cannot be
+// loaded fails the start naming the flag.
 func TestTLSOptions(t *testing.T) {
 	check := func(o *Options) error { // as cmd/epp does: Complete, then Validate
 		if err := o.Complete(); err != nil {
@@ -69,10 +68,6 @@ func TestTLSOptions(t *testing.T) {
 	plain := testOptions(func(o *Options) { o.ClientCA = "ca.crt" })
 	if err := check(plain); err == nil || !strings.Contains(err.Error(), "--client-ca ca.crt needs --secure-serving") {
 		t.Errorf("Validate of --client-ca without TLS: %v", err)
-	}
-	ha := testOptions(func(o *Options) { o.SecureServing, o.ClientCA, o.Kube.LeaderElection = true, "ca.crt", true })
-	if err := check(ha); err == nil || !strings.Contains(err.Error(), "with --ha-enable-leader-election needs --cert-path") {
-		t.Errorf("Validate of --client-ca with leader election and a self-signed certificate: %v", err)
 	}
 	missing := testOptions(func(o *Options) { o.SecureServing, o.ClientCA = true, t.TempDir()+"/missing.crt" })
 	if err := check(missing); err != nil {

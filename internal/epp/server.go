@@ -30,6 +30,7 @@ import (
 	"github.com/laneway-dev/laneway/internal/status"
 	"github.com/laneway-dev/laneway/internal/tlsutil"
 	"github.com/laneway-dev/laneway/pkg/extproc"
+	"github.com/laneway-dev/laneway/pkg/replica"
 	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
@@ -57,12 +58,20 @@ type Server struct {
 	reg     *prometheus.Registry
 	intel   *intel
 	// ext is the ext_proc stream handler; route, registered on grpcSrv,
-	// hands it each stream, or forwards the stream to the leader (HA).
-	ext   *extproc.Server
-	route *ha.Router
-	// tlsCfg is the ext_proc server's TLS config (nil for plaintext); the
-	// leader link (internal/ha) pins or trusts what it serves.
+	// hands it each stream (honouring a peer replica's forwarded marker).
+	ext     *extproc.Server
+	route   *ha.Router
+	handler *Handler
+	// tlsCfg is the ext_proc server's TLS config (nil for plaintext).
 	tlsCfg *tls.Config
+	// The replica link (SPEC §15; nil without one): the replica identity,
+	// the link's server (replicaSrv on replicaLn, deciding other
+	// replicas' tickets), and tickets, the handler's scheduler in front
+	// of the dispatcher on a replica that may follow a leader.
+	peers      *ha.PeerTLS
+	replicaLn  net.Listener
+	replicaSrv *grpc.Server
+	tickets    *ha.Tickets
 
 	grpcLn, healthLn, metricsLn net.Listener
 	grpcSrv, healthSrv          *grpc.Server
@@ -134,6 +143,7 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 	s.notServing.Store(&notReady) // health is set up below
 	h := &Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel, Identity: d.Identity,
 		WaitEstimate: cachedEstimate(func(class string) time.Duration { return s.status.Class(class).WaitP50 }, time.Second, time.Now)}
+	s.handler = h
 	s.ext = extproc.NewServer(h, extproc.Options{
 		MaxBodyBytes: opts.MaxBodyBytes,
 		// MaxHeldBodyBytes is set by Complete; tests that skip it get
@@ -148,6 +158,17 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 	})
 	s.route = ha.NewRouter(s.ext)
 	extprocv3.RegisterExternalProcessorServer(s.grpcSrv, s.route)
+	if opts.ReplicaCertPath != "" {
+		peers, err := ha.LoadPeerTLS(opts.ReplicaCertPath, log.WithName("replica"))
+		if err != nil {
+			return nil, err
+		}
+		s.peers = peers
+		s.route.TrustPeers(peers)
+		if opts.ServesReplicaLink() {
+			s.replicaSrv = grpc.NewServer(peers.ServerOptions()...)
+		}
+	}
 	metrics.RegisterHeldBytes(s.reg, s.ext)
 
 	s.health = health.NewServer()
@@ -178,6 +199,9 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 		{"--grpc-health-port", opts.BindAddress, opts.GRPCHealthPort, &s.healthLn},
 		{"--metrics-port", opts.BindAddress, opts.MetricsPort, &s.metricsLn},
 	}
+	if s.replicaSrv != nil {
+		listeners = append(listeners, listener{"--replica-port", opts.BindAddress, opts.ReplicaPort, &s.replicaLn})
+	}
 	if opts.PprofPort > 0 {
 		s.pprofSrv = pprofServer()
 		listeners = append(listeners, listener{"--pprof-port", opts.PprofBind, opts.PprofPort, &s.pprofLn})
@@ -195,7 +219,7 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 
 // closeListeners releases the ports of a server that will not run.
 func (s *Server) closeListeners() {
-	for _, ln := range []net.Listener{s.grpcLn, s.healthLn, s.metricsLn, s.pprofLn} {
+	for _, ln := range []net.Listener{s.grpcLn, s.healthLn, s.metricsLn, s.pprofLn, s.replicaLn} {
 		if ln != nil {
 			ln.Close()
 		}
@@ -205,6 +229,52 @@ func (s *Server) closeListeners() {
 // Dispatcher returns the picker's dispatcher (for endpoint and policy
 // updates).
 func (s *Server) Dispatcher() *dispatcher.Dispatcher { return s.disp }
+
+// Identity is this replica's holder identity on the replica link
+// (ha.Identity of the link's bound address), "" when it serves none.
+func (s *Server) Identity() string {
+	if s.replicaLn == nil {
+		return ""
+	}
+	return ha.Identity(s.replicaLn.Addr())
+}
+
+// useReplicaLink wires the replica link with this replica's holder
+// identity: the link's server, which decides other replicas' tickets in
+// this replica's dispatcher (when it serves the link), and, when view
+// says who leads, the handler's scheduler becomes ha.Tickets, which sends
+// the leader a ticket per request and decides here while this replica
+// leads or no leader is reachable. Call it before Run.
+func (s *Server) useReplicaLink(identity string, view ha.LeaderView) error {
+	if s.replicaSrv != nil {
+		ts, err := ha.NewTicketServer(ha.TicketServerConfig{Scheduler: s.disp, Self: identity, Gate: s.gate,
+			Answer: s.handler.replyFor, Registry: s.reg, Log: s.log.WithName("replica")})
+		if err != nil {
+			return err
+		}
+		replica.Register(s.replicaSrv, ts)
+	}
+	if view == nil {
+		return nil
+	}
+	t, err := ha.NewTickets(ha.TicketsConfig{Leader: view, Self: identity, Local: s.disp, TLS: s.peers,
+		Registry: s.reg, Log: s.log.WithName("tickets")})
+	if err != nil {
+		return err
+	}
+	s.tickets = t
+	s.handler.Dispatcher = t
+	return nil
+}
+
+// ReplicaAddr is the replica link's bound address, "" when it serves
+// none.
+func (s *Server) ReplicaAddr() string {
+	if s.replicaLn == nil {
+		return ""
+	}
+	return s.replicaLn.Addr().String()
+}
 
 // Addrs returns the bound ext_proc, health and metrics addresses.
 func (s *Server) Addrs() (grpcAddr, healthAddr, metricsAddr string) {
@@ -328,7 +398,13 @@ func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 	s.log.Info("stopped accepting; draining", "timeout", s.opts.DrainTimeout, "cause", cause)
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_NOT_SERVING)
 	stopParts()
-	s.disp.Shutdown()
+	s.disp.Shutdown() // queued tickets too: their followers offer them elsewhere
+	if s.replicaSrv != nil {
+		// The followers' links end: nothing of theirs is queued here any
+		// more, and their grants no longer count once this replica stops
+		// deciding.
+		s.replicaSrv.Stop()
+	}
 	stopped := make(chan struct{})
 	go func() { s.grpcSrv.GracefulStop(); close(stopped) }()
 	select {
@@ -337,6 +413,9 @@ func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 		s.log.Info("drain timeout reached; closing remaining streams")
 		s.grpcSrv.Stop()
 		<-stopped
+	}
+	if s.tickets != nil {
+		s.tickets.Close() // the streams are over: no ticket waits any more
 	}
 	for ; running > 0; running-- {
 		errs = append(errs, <-partErrs)
@@ -361,8 +440,15 @@ func (s *Server) Stopping() <-chan struct{} { return s.stopping }
 // serve starts the servers on their listeners; the channel receives the
 // error of each one that stops other than by the drain.
 func (s *Server) serve() <-chan error {
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	go func() { errc <- s.grpcSrv.Serve(s.grpcLn) }()
+	if s.replicaSrv != nil {
+		go func() {
+			if err := s.replicaSrv.Serve(s.replicaLn); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				errc <- err
+			}
+		}()
+	}
 	go func() { errc <- s.healthSrv.Serve(s.healthLn) }()
 	httpServe := func(srv *http.Server, ln net.Listener) {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

@@ -25,30 +25,31 @@ import (
 
 // Leader election (SPEC §15). Every synced replica is a candidate on the
 // pool's Lease; the holder runs the one queue (and writes status), the
-// others forward their streams to it. The holder identity names the
-// holder's ext_proc address, so a follower finds the leader from the Lease
+// others send it their tickets. The holder identity names the holder's
+// replica-link address, so a follower finds the leader from the Lease
 // alone:
 //
 //	<name>_<ip:port>_<tag>
 //
-// name is the pod (the host name), ip:port the address the gateways reach
-// this replica's ext_proc port at ($POD_IP, else the bind address, else
-// the host name; and the bound port), and tag makes the identity unique
-// per process: the pin of the self-signed serving certificate
-// (ServingPin, link.go), else random. Pod names, addresses and tags
-// contain no '_'.
+// name is the pod (the host name), ip:port the address the other
+// replicas reach this one's replica link at ($POD_IP, else the bind
+// address, else the host name; and the link's bound port), and tag, 8
+// random bytes in hex, makes the identity unique per process. Pod names,
+// addresses and tags contain no '_'. (Replicas before the replica link
+// named their ext_proc port here and pinned its certificate in the tag;
+// such a leader refuses the link, and its followers' streams, proxied to
+// the link's port, fall back to their own scheduler.)
 
-// Identity is this process's holder identity for its ext_proc listener
-// bound at bound: named after $POD_NAME (else the host name), advertising
-// the address followers dial (advertiseAddr), tagged with pin (the
-// serving certificate's, ServingPin) or, without one, at random.
-func Identity(bound net.Addr, pin string) string {
+// Identity is this process's holder identity for its replica link bound
+// at bound: named after $POD_NAME (else the host name), advertising the
+// address followers dial (advertiseAddr), tagged at random.
+func Identity(bound net.Addr) string {
 	name := os.Getenv("POD_NAME")
 	if name == "" {
 		name, _ = os.Hostname()
 	}
 	name = strings.ReplaceAll(name, "_", "-") // '_' separates the identity's fields
-	return holderIdentity(name, advertiseAddr(bound), identityTag(pin))
+	return holderIdentity(name, advertiseAddr(bound), identityTag())
 }
 
 // LeaseName is the leader-election Lease of a pool's pickers.
@@ -106,11 +107,8 @@ func advertiseAddr(bound net.Addr) string {
 	return net.JoinHostPort(host, port)
 }
 
-// identityTag is pin when there is one, else 8 random bytes in hex.
-func identityTag(pin string) string {
-	if pin != "" {
-		return pin
-	}
+// identityTag is 8 random bytes in hex.
+func identityTag() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand does not fail on Linux
 	return hex.EncodeToString(b[:])
@@ -249,7 +247,7 @@ func NewElector(cfg ElectorConfig) (*Elector, error) {
 // its own has started and not ended).
 func (e *Elector) IsLeader() bool { return e.leading.Load() }
 
-// Leader is the holder identity of the leader to forward to: another
+// Leader is the holder identity of the leader to send tickets to: another
 // replica whose hold on the Lease this one saw renewed within its
 // duration. "" when there is none: this replica leads, no fresh holder is
 // known, or the record still names this replica after its term ended.

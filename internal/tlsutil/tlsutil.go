@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -120,9 +122,9 @@ func (ca *CA) Server(name string, hosts ...string) (tls.Certificate, error) {
 	return ca.issue(tmpl)
 }
 
-// Replica issues a picker replica's serving certificate that also serves
-// as its client certificate: with --client-ca and leader election a
-// follower presents it to the leader it forwards to.
+// Replica issues a picker replica's certificate for both ends of a TLS
+// connection: a replica identity (--replica-cert-path), which a leader
+// serves its replica link with and a follower presents to it.
 func (ca *CA) Replica(name string, hosts ...string) (tls.Certificate, error) {
 	tmpl := template(name, hosts)
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
@@ -136,6 +138,26 @@ func (ca *CA) Client(name string) (tls.Certificate, error) {
 	tmpl.DNSNames, tmpl.IPAddresses = nil, nil
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	return ca.issue(tmpl)
+}
+
+// WriteReplica issues a replica certificate (Replica) named name and
+// writes it with the CA into dir as a replica identity folder
+// (--replica-cert-path): tls.crt, tls.key and ca.crt.
+func (ca *CA) WriteReplica(dir, name string) error {
+	cert, err := ca.Replica(name)
+	if err != nil {
+		return err
+	}
+	certPEM, keyPEM, err := EncodePEM(cert)
+	if err != nil {
+		return err
+	}
+	for file, data := range map[string][]byte{CertFile: certPEM, KeyFile: keyPEM, CAFile: ca.PEM()} {
+		if err := os.WriteFile(filepath.Join(dir, file), data, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (ca *CA) issue(tmpl *x509.Certificate) (tls.Certificate, error) {

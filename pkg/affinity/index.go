@@ -45,6 +45,20 @@ func gridPos(i int) int {
 	return (1 << (k + denseBits)) + j*(2<<k)
 }
 
+// GridStride is the distance from block position p to the next position
+// of the index's sparse grid, for p on the grid (OnGrid); the grid starts
+// at 0. It states what the index reads of a hash chain: Overlap(slot,
+// hashes, now) reads hashes[p] only for grid positions p and for
+// len(hashes)-1, and Record(slot, hashes, ...) the same. A chain that
+// holds the right hashes at those positions and anything elsewhere gives
+// the same overlaps, records the same entries and ages out the same way,
+// which is what lets a replica send only them (pkg/replica). The grid is
+// part of that wire format: changing it changes pkg/replica's Version.
+func GridStride(p int) int { return stride(max(p, 0)) }
+
+// OnGrid reports whether block position p is on the sparse grid.
+func OnGrid(p int) bool { return p >= 0 && p%stride(p) == 0 }
+
 // IndexOptions configure an Index.
 type IndexOptions struct {
 	// TTL is how long an entry counts after the last prompt that used it

@@ -196,3 +196,22 @@ func TestSetCapacityDropAndBadInput(t *testing.T) {
 		t.Error("bad input recorded something")
 	}
 }
+
+// TestGridStrideWalksTheGrid: stepping by GridStride from 0 visits the
+// grid positions, in order, and OnGrid holds exactly there.
+func TestGridStrideWalksTheGrid(t *testing.T) {
+	i, next := 0, 0
+	for p := 0; p < 1<<16; p++ {
+		on := p == next
+		if OnGrid(p) != on || isGrid(p) != on {
+			t.Fatalf("position %d: OnGrid %v, the rule %v, the walk %v", p, OnGrid(p), isGrid(p), on)
+		}
+		if on {
+			if gridPos(i) != p {
+				t.Fatalf("walk reached %d as grid position %d, gridPos says %d", p, i, gridPos(i))
+			}
+			i++
+			next = p + GridStride(p)
+		}
+	}
+}

@@ -233,7 +233,7 @@ func (c *Core) Admit(now int64, r *Request) {
 		c.reject(r, c.noEndpoint(r, s), ReasonNoEndpoints)
 		return
 	}
-	r.arrival = now
+	r.arrival = now - max(0, int64(t.Waited))
 	item, err := c.q.Offer(drr.Request{
 		Class:          int32(t.Class),
 		Pinned:         r.pinned,
@@ -241,7 +241,7 @@ func (c *Core) Admit(now int64, r *Request) {
 		Cached:         t.Cached,
 		Priority:       t.EffectivePriority(),
 		StrictPriority: t.EffectiveStrict(),
-		Arrival:        now,
+		Arrival:        r.arrival,
 		Payload:        r,
 	}, t.Rights.Tenant, len(c.reg.live), v == drr.Blocked)
 	if err != nil {

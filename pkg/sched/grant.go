@@ -106,6 +106,15 @@ func (g *Grant) dec() *endpoint {
 	return g.x.dec
 }
 
+// RemoteGrant is a grant another replica's core made (the leader's, over
+// the replica link): the pick and its fallbacks, and the picked
+// endpoint's engine. Its events go to rel, which carries them back to
+// that core; it must never be given to this replica's Core.Release,
+// which accounts only for its own grants.
+func RemoteGrant(endpoints []string, engine policy.Engine, rel Releaser) *Grant {
+	return &Grant{Endpoints: endpoints, Engine: engine, rel: rel}
+}
+
 // FirstByte reports the first response byte: the endpoint finished this
 // request's prefill. Safe for concurrent use; only the first call counts.
 func (g *Grant) FirstByte() {
@@ -135,6 +144,9 @@ func (g *Grant) Done() {
 // request in flight until the first byte or the end, and the decode pod
 // (dec) to the end.
 func (c *Core) Release(g *Grant, ev Event) {
+	if g.ep == nil {
+		return // a RemoteGrant: not this core's to account
+	}
 	if g.finished {
 		return
 	}

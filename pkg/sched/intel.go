@@ -15,11 +15,22 @@ import (
 // the engine always computes to produce logits (vLLM and the simulator
 // both stop there). Empty when the index is off or the ticket has none.
 func (c *Core) cacheableBlocks(t *Ticket) []uint64 {
-	if c.index == nil || len(t.Blocks) == 0 || t.BlockSize <= 0 || t.RawISL == 0 {
+	if c.index == nil {
 		return nil
 	}
-	n := min(uint64(len(t.Blocks)), (t.RawISL-1)/uint64(t.BlockSize))
-	return t.Blocks[:n]
+	return t.Blocks[:CacheableBlocks(t.RawISL, len(t.Blocks), t.BlockSize)]
+}
+
+// CacheableBlocks is how many of a prompt's blocks hashes (blocks of
+// them, at blockSize tokens each, for a prompt of rawISL tokens) the
+// prefix index is asked about at admission: never the block holding the
+// last prompt token. The replica link (pkg/replica) sends only the hashes
+// the index reads, and needs this bound to know them.
+func CacheableBlocks(rawISL uint64, blocks, blockSize int) int {
+	if blocks <= 0 || blockSize <= 0 || rawISL == 0 {
+		return 0
+	}
+	return int(min(uint64(blocks), (rawISL-1)/uint64(blockSize)))
 }
 
 // cachedTokens turns an overlap in blocks into the cached tokens of SPEC

@@ -24,11 +24,13 @@ import (
 //     that finishes its prefill): at each scrape, the growth since the
 //     last one, less the prompts whose first byte was reported and less
 //     what prediction already released, is credited to the ledger's
-//     oldest grants while it covers their prompts;
+//     oldest grants while it covers their prompts; of an engine whose
+//     waiting queue holds strangers (another replica's requests), only our
+//     share of the growth, ours / (ours + strangers);
 //   - the engine's request counts: the ledger never holds more grants
 //     than the engine has waiting and running requests;
 //   - prediction between scrapes: with the prefill rate learned from the
-//     counter, the oldest grant is released once the engine had time to
+//     counter (times the same share), the oldest grant is released once the engine had time to
 //     prefill it after the ones before it (a grant cannot start before it
 //     was sent). A prediction that runs ahead of the engine leaves its
 //     request in the engine's waiting queue, where the unseen-load
@@ -64,7 +66,17 @@ type ledger struct {
 	// windows of at least rateWindow starting at winAt with the counter
 	// at winCounter; winBusy says the engine had requests waiting at
 	// every scrape of the window so far.
-	rate       float64
+	rate float64
+	// share is the part of the engine's prefill that is ours, in (0, 1]:
+	// 1 while the engine's waiting queue holds no more requests than we
+	// may have there, else ours / (ours + strangers) at the last fresh
+	// scrape. Another replica in front of the same engine (or a client
+	// that bypasses the picker) grows the same counter, and a first come,
+	// first served engine spends its prefill on everyone's requests in
+	// turn; without the share every replica would take the whole growth,
+	// and the whole rate, for its own grants and send twice what the
+	// engine can take.
+	share      float64
 	winAt      int64
 	winCounter float64
 	winBusy    bool
@@ -102,7 +114,7 @@ func (l *ledger) arrivedBefore(t int64) int {
 }
 
 // newLedger is the state of an endpoint nothing was sent to yet.
-func newLedger() ledger { return ledger{idleSince: -1} }
+func newLedger() ledger { return ledger{idleSince: -1, share: 1} }
 
 // len is the number of grants awaiting the engine's confirmation.
 func (l *ledger) len() int { return len(l.awaiting) - l.head }
@@ -195,6 +207,13 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 	// The engine is saturated when requests wait in it: it could not take
 	// them yet.
 	busyNow := m.Has(podmetrics.Waiting) && m.Waiting > 0
+	l.share = 1
+	if m.Has(podmetrics.Waiting) {
+		ours := max(e.peakOurs, e.ours())
+		if strangers := m.Waiting - ours; strangers > 0 {
+			l.share = float64(ours) / float64(ours+strangers)
+		}
+	}
 	if m.Has(podmetrics.PromptTokens) {
 		if l.counterKnown {
 			grew := m.PromptTokens - l.counter
@@ -208,7 +227,7 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 				l.winAt, l.winCounter, l.winBusy = now, m.PromptTokens, busyNow
 			}
 			c.learnRate(l, m.PromptTokens, now, busyNow)
-			done := uint64(min(grew, math.MaxUint64/2))
+			done := uint64(min(grew*l.share, math.MaxUint64/2))
 			paid := min(done, l.unobserved)
 			l.unobserved -= paid
 			done = done - paid + l.credit
@@ -295,7 +314,7 @@ func (c *Core) predict(now int64) bool {
 	keep := c.awaitingEps[:0]
 	for _, e := range c.awaitingEps {
 		l := &e.led
-		lead := c.predictionLead(e)
+		lead := uint64(float64(c.predictionLead(e)) * l.share)
 		for l.len() > 0 && !e.removed {
 			at, ok := l.nextPrefilled(lead)
 			if !ok || at > now {
@@ -330,7 +349,8 @@ func (c *Core) predict(now int64) bool {
 // numbers release grants, so requests still on their way to the engine
 // (which prediction cannot see) never add up to more than that.
 func (l *ledger) nextPrefilled(lead uint64) (at int64, ok bool) {
-	if l.rate <= 0 || l.len() == 0 {
+	rate := l.rate * l.share
+	if rate <= 0 || l.len() == 0 {
 		return 0, false
 	}
 	g := l.oldest()
@@ -338,7 +358,7 @@ func (l *ledger) nextPrefilled(lead uint64) (at int64, ok bool) {
 	if l.unobserved+need > lead {
 		return 0, false
 	}
-	return max(l.anchor, g.sentAt, l.idleSeenAt) + int64(math.Ceil(float64(need)/l.rate*1e9)), true
+	return max(l.anchor, g.sentAt, l.idleSeenAt) + int64(math.Ceil(float64(need)/rate*1e9)), true
 }
 
 // predictionLead is how far prediction may run ahead of e's counter, in
@@ -357,7 +377,7 @@ func (c *Core) predictionLead(e *endpoint) uint64 {
 // oldest awaiting grant.
 func (c *Core) nextPrediction() (at int64, ok bool) {
 	for _, e := range c.awaitingEps {
-		if t, tok := e.led.nextPrefilled(c.predictionLead(e)); tok && (!ok || t < at) {
+		if t, tok := e.led.nextPrefilled(uint64(float64(c.predictionLead(e)) * e.led.share)); tok && (!ok || t < at) {
 			at, ok = t, true
 		}
 	}

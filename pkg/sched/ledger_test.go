@@ -256,3 +256,25 @@ func TestCancelledGrantNeverAwaits(t *testing.T) {
 		t.Fatalf("%+v: want nothing charged", e)
 	}
 }
+
+// TestStrangersShareTheCounter: another replica in front of the same
+// engine grows the same prompt-token counter. With two of ours awaiting
+// and six strangers waiting in the engine, only ours / (ours + strangers)
+// = 1/4 of the growth is ours: 2048 prefilled tokens release one 512-token
+// grant, not both.
+func TestStrangersShareTheCounter(t *testing.T) {
+	c := ledgerCore(t)
+	a := grantNow(t, c, ms(1), 512)
+	b := grantNow(t, c, ms(2), 512)
+	c.Release(a, EventDone)
+	c.Release(b, EventDone)
+	scrape(c, ms(50), 8, 4, 2048)
+	if e := endpointState(c); e.ActivePrefill != 512 || e.AwaitingEngine != 1 {
+		t.Fatalf("%+v: want one grant released by our quarter of the growth, b still charged", e)
+	}
+	// Without strangers waiting the whole growth is ours again.
+	scrape(c, ms(100), 1, 4, 2560)
+	if e := endpointState(c); e.ActivePrefill != 0 || e.AwaitingEngine != 0 {
+		t.Fatalf("%+v: want b released", e)
+	}
+}

@@ -127,6 +127,13 @@ type Ticket struct {
 	// policy's identity source gave, or without one the x-laneway-tenant
 	// header; "" when the request brought none.
 	Tenant string
+	// Waited is how long the request has already waited before this
+	// admission: a follower's ticket re-offered after its leader failed,
+	// or first offered to a leader over the replica link. Admit takes
+	// it as having arrived that much before now, so its place in a FCFS
+	// lane, its wait budget and its reported wait count from its first
+	// arrival. 0 for a request that arrives now.
+	Waited time.Duration
 	// Class is the resolved class index, set by the core.
 	Class int
 	// Rights are the tenant's rights under the policy in force, set by the

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,25 +27,25 @@ import (
 )
 
 // TestFollowerForwardsToLeader: with leader election both synced replicas
-// are ready, and a stream sent to the follower is forwarded to the leader
-// (over TLS, the follower pinning the leader's self-signed certificate
-// through the Lease): it waits in the leader's one queue behind the
+// are ready, and a request sent to the follower is parsed there and sent
+// to the leader as a ticket over the replica link (mutual TLS with the
+// replica identity): it waits in the leader's one queue behind the
 // leader's own dispatched request, not in a queue of the follower's, and
 // is routed when that request ends. When the leader is SIGTERMed with a
-// forwarded request still queued, the leader answers it 503
-// shutting_down, and the follower, which had not answered the gateway
-// yet, replays the stream into its own scheduler: it is routed there.
+// ticket still queued, the leader refuses it (shutting down) and the
+// follower, which had not answered the gateway yet, decides it itself:
+// it is routed there, once.
 func TestFollowerForwardsToLeader(t *testing.T) {
 	args := append(electionFlags(), "--secure-serving=true")
 	e, a, leader, follower := forwardingPair(t, args, args)
 
-	// One queue: the forwarded request waits behind the leader's own.
+	// One queue: the ticket waits behind the leader's own request.
 	held := leader.start(ctx(t), request("lane"))
 	routed(t, held)
 	queued := startAsync(follower, request("lane"))
 	leader.Metrics.Await(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
 	if got := follower.Metrics.Value(t, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane"); got != 0 {
-		t.Errorf("follower's own queue holds %v requests, want 0: the stream was not forwarded", got)
+		t.Errorf("follower's own queue holds %v requests, want 0: the ticket was not sent", got)
 	}
 	select {
 	case r := <-queued:
@@ -59,9 +61,10 @@ func TestFollowerForwardsToLeader(t *testing.T) {
 		t.Fatalf("forwarded request routed to %s", got)
 	}
 	serve(t, r.ex)
+	// Its release events reached the leader: its pod is idle again.
+	leader.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", a.addr(e.port))
 
-	// The leader stops with a forwarded request queued: the follower
-	// schedules it.
+	// The leader stops with a ticket queued: the follower decides it.
 	held = leader.start(ctx(t), request("lane"))
 	routed(t, held)
 	queued = startAsync(follower, request("lane"))
@@ -81,63 +84,173 @@ func TestFollowerForwardsToLeader(t *testing.T) {
 	if err := leader.Wait(stopGrace); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("follower: %v streams forwarded, %v local, %v fallback",
-		follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "forwarded"),
-		follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "local"),
-		follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "fallback"))
+	logRoutes(t, follower)
 }
 
-// TestFollowerReplayCountsInItsBudget: a follower keeps a copy of each
-// forwarded stream's messages until the leader's first answer (to replay
-// the stream locally if the leader fails first). Those copies are request
-// bytes held for a stream not answered yet, so they count against the
-// follower's --max-held-body-bytes: the gauge shows them, it never passes
-// the budget, and a stream whose copy does not fit is still forwarded and
-// routed (it only loses the local replay), never refused.
-func TestFollowerReplayCountsInItsBudget(t *testing.T) {
-	const budget = 256 << 10
-	_, _, leader, follower := forwardingPair(t, electionFlags(),
-		append(electionFlags(), "--max-body-bytes=200000", fmt.Sprintf("--max-held-body-bytes=%d", budget)))
+// logRoutes logs where a replica's requests were decided.
+func logRoutes(t *testing.T, p *eppProc) {
+	t.Helper()
+	m := p.Metrics.Read(t)
+	t.Logf("%s: requests decided as leader %v, by the leader (tickets) %v, here %v, here after a failed ticket %v, by the next leader %v", p.Name,
+		m.Value("laneway_ha_streams_total", "route", "leader"), m.Value("laneway_ha_streams_total", "route", "forwarded"),
+		m.Value("laneway_ha_streams_total", "route", "local"), m.Value("laneway_ha_streams_total", "route", "fallback"),
+		m.Value("laneway_ha_streams_total", "route", "reoffered"))
+}
 
-	// The leader's pod is busy: forwarded streams wait unanswered in the
-	// leader's queue while the follower keeps their copies.
+// TestTicketsCarryNoBody: a follower's requests waiting in the leader's
+// queue are held by the follower (their bodies count in its
+// --max-held-body-bytes), while the leader holds a ticket of a few
+// hundred bytes each and no body at all.
+func TestTicketsCarryNoBody(t *testing.T) {
+	_, _, leader, follower := forwardingPair(t, electionFlags(), append(electionFlags(), "--max-body-bytes=200000"))
 	held := leader.start(ctx(t), request("lane"))
 	routed(t, held)
 	big := request("lane")
 	big.Body = []byte(`{"model":"m","prompt":"` + strings.Repeat("lorem ", 100<<10/6) + `","max_tokens":1}`)
-	heldBytes := func() float64 { return follower.Metrics.Value(t, "laneway_held_body_bytes") }
 	var queued []<-chan result
 	for i := range 4 {
 		queued = append(queued, startAsync(follower, big))
 		leader.Metrics.Await(t, float64(i+1), "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
-		if i == 0 {
-			launch.WaitFor(t, func() string {
-				return fmt.Sprintf("follower holds %v body bytes for a forwarded, unanswered %d-byte body, want at least that", heldBytes(), len(big.Body))
-			}, func() bool { return heldBytes() >= float64(len(big.Body)) })
-		}
-		if got := heldBytes(); got > budget {
-			t.Fatalf("follower holds %v body bytes with %d streams waiting, past its budget %d", got, i+1, budget)
-		}
 	}
-	t.Logf("follower holds %v body bytes for 4 waiting %d-byte bodies (budget %d)", heldBytes(), len(big.Body), budget)
+	if got, want := follower.Metrics.Value(t, "laneway_held_body_bytes"), float64(4*len(big.Body)); got < want {
+		t.Errorf("follower holds %v body bytes for 4 waiting %d-byte requests, want at least %v", got, len(big.Body), want)
+	}
+	if got := leader.Metrics.Value(t, "laneway_held_body_bytes"); got != 0 {
+		t.Errorf("leader holds %v body bytes with only tickets waiting, want 0", got)
+	}
 	serve(t, held)
 	for i, q := range queued {
-		r := launch.Receive(t, q, fmt.Sprintf("forwarded stream %d's decision", i))
+		r := launch.Receive(t, q, fmt.Sprintf("forwarded request %d's decision", i))
 		if r.err != nil {
-			t.Fatalf("forwarded stream %d: %v", i, r.err)
+			t.Fatalf("forwarded request %d: %v", i, r.err)
 		}
-		serve(t, r.ex) // routed: not a 429, the budget only limits the copies
+		serve(t, r.ex)
 	}
-	launch.WaitFor(t, func() string {
-		return fmt.Sprintf("follower still holds %v body bytes with every stream answered", heldBytes())
-	}, func() bool { return heldBytes() == 0 })
+}
+
+// TestFollowerCrashGivesBackItsGrants: a follower is SIGKILLed with one
+// request dispatched (by the leader's grant) and one ticket queued at the
+// leader. The follower's link ends: the leader takes the ticket out of
+// its queue and gives the grant back (the request's own stream died with
+// the follower), so its pod is free for the next request at once.
+func TestFollowerCrashGivesBackItsGrants(t *testing.T) {
+	e, a, leader, follower := forwardingPair(t, electionFlags(), electionFlags())
+	ep := a.addr(e.port)
+	dispatched := follower.start(ctx(t), request("lane"))
+	routed(t, dispatched)
+	leader.Metrics.Await(t, 1, "laneway_endpoint_in_flight_requests", "endpoint", ep)
+	startAsync(follower, request("lane"))
+	leader.Metrics.Await(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
+
+	follower.Kill()
+	leader.Metrics.Await(t, 0, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
+	leader.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", ep)
+	m := leader.Metrics.Read(t)
+	t.Logf("leader's tickets: granted %v, lost %v, cancelled %v", m.Value("laneway_ha_tickets_total", "outcome", "granted"),
+		m.Value("laneway_ha_tickets_total", "outcome", "lost"), m.Value("laneway_ha_tickets_total", "outcome", "cancelled"))
+	if got := m.Value("laneway_ha_tickets_total", "outcome", "lost"); got != 1 {
+		t.Errorf("grants given back with the follower's link: %v, want 1", got)
+	}
+	serve(t, leader.start(ctx(t), request("lane"))) // the pod is free at once
+}
+
+// TestLeaderKilledReoffersTickets: the leader is SIGKILLed with a
+// follower's ticket in its queue. The follower's link breaks, and the
+// ticket is decided once, by the follower, while the dead leader's Lease
+// runs out; once the follower holds the Lease it decides as the leader.
+func TestLeaderKilledReoffersTickets(t *testing.T) {
+	_, _, leader, follower := forwardingPair(t, electionFlags(), electionFlags())
+	routed(t, leader.start(ctx(t), request("lane"))) // its pod busy, never served
+	queued := startAsync(follower, request("lane"))
+	leader.Metrics.Await(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
+	t0 := time.Now()
+	leader.Kill()
+	r := launch.Receive(t, queued, "the queued ticket's decision after the leader was killed")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Logf("the killed leader's queued ticket was decided by the follower %v after the kill", time.Since(t0).Round(time.Millisecond))
+	serve(t, r.ex)
+	if got := follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "fallback"); got != 1 {
+		t.Errorf("follower decided %v tickets itself after the leader failed, want 1", got)
+	}
+	follower.Metrics.Await(t, 1, "laneway_ha_leader")
+	before := follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "leader")
+	serve(t, follower.start(ctx(t), request("lane")))
+	if after := follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "leader"); after != before+1 {
+		t.Errorf("decisions as leader %v -> %v, want +1", before, after)
+	}
+}
+
+// TestNetworkCutBetweenReplicas: the replica link runs through a TCP
+// proxy, which the test severs while the follower has one request
+// dispatched by the leader's grant and one ticket queued there. Both
+// replicas live on and the Lease stays the leader's. The follower decides
+// the queued ticket itself, once; the leader takes it out of its queue
+// and gives the grant back (its release can no longer arrive). When the
+// network is back the follower sends tickets again, and the dispatched
+// request's late events do not touch the leader's accounting.
+func TestNetworkCutBetweenReplicas(t *testing.T) {
+	e := newEnv(t, false)
+	e.createPool("pool", "llm")
+	a := e.addPod("a", podSpec{app: "llm", ready: true})
+	ep := a.addr(e.port)
+	e.create(policyClass("lane", "pool", 100, ptr.To[int64](0)))
+	// The leader advertises a replica address on another loopback IP,
+	// where the proxy listens, with the port it binds on 127.0.0.1.
+	podIP := newIP()
+	port, err := launch.FreePortOnAll([]string{"127.0.0.1", podIP})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := e.startEPPEnv("epp-1", "pool", []string{"POD_IP=" + podIP}, append(electionFlags(), fmt.Sprintf("--replica-port=%d", port))...)
+	leader.waitReady()
+	e.waitClass("lane", "accepted", accepted("True", "Accepted"))
+	proxy := startProxy(t, net.JoinHostPort(podIP, strconv.Itoa(port)), net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	follower := e.startEPP("epp-2", "pool", electionFlags()...)
+	follower.waitReady()
+	leader.waitEndpoints(time.Now(), followLimit, ep)
+	follower.waitEndpoints(time.Now(), followLimit, ep)
+	awaitForwarding(t, follower)
+
+	dispatched := follower.start(ctx(t), request("lane"))
+	routed(t, dispatched)
+	leader.Metrics.Await(t, 1, "laneway_endpoint_in_flight_requests", "endpoint", ep)
+	queued := startAsync(follower, request("lane"))
+	leader.Metrics.Await(t, 1, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
+
+	proxy.sever()
+	r := launch.Receive(t, queued, "the queued ticket's decision after the cut")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	routed(t, r.ex) // decided by the follower, which knows of no load on the pod
+	leader.Metrics.Await(t, 0, "dynamo_frontend_router_queue_pending_requests", "policy_class", "lane")
+	leader.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", ep)
+	if got := follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "fallback"); got != 1 {
+		t.Errorf("follower decided %v tickets itself after the cut, want 1", got)
+	}
+	serve(t, dispatched) // its events go nowhere: the leader gave its grant back
+	serve(t, r.ex)
+
+	proxy.restore()
+	before := follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "forwarded")
+	launch.WaitFor(t, func() string { return "the follower did not send tickets again after the network came back" }, func() bool {
+		serve(t, follower.start(ctx(t), request("lane")))
+		return follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "forwarded") > before
+	})
+	leader.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests", "endpoint", ep)
+	if got := leader.Metrics.Value(t, "laneway_ha_tickets_total", "outcome", "lost"); got != 1 {
+		t.Errorf("leader gave back %v grants with the cut link, want 1", got)
+	}
+	logRoutes(t, follower)
 }
 
 // forwardingPair starts a pool with one ready pod "a" and a class "lane"
 // whose threshold 0 makes the pod busy while one prefill is dispatched (the
 // next request queues), a leader epp-1 and a follower epp-2 with their
 // flags, and returns once both are ready, follow the pod, and the follower
-// has forwarded a stream to the leader.
+// has sent the leader a ticket.
 func forwardingPair(t *testing.T, leaderArgs, followerArgs []string) (e *env, a pod, leader, follower *eppProc) {
 	t.Helper()
 	e = newEnv(t, false)
@@ -154,15 +267,81 @@ func forwardingPair(t *testing.T, leaderArgs, followerArgs []string) (e *env, a 
 	}
 	leader.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
 	follower.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
-
-	// The follower schedules here until it has read the Lease and its
-	// connection to the leader is up (the first stream only asks it to
-	// connect): play streams through it until one was forwarded.
-	launch.WaitFor(t, func() string { return "the follower never forwarded a stream to the leader" }, func() bool {
-		serve(t, follower.start(ctx(t), request("lane")))
-		return follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "forwarded") > 0
-	})
+	awaitForwarding(t, follower)
 	return e, a, leader, follower
+}
+
+// awaitForwarding plays requests through the follower until one was sent
+// to the leader as a ticket: the follower decides here until it has read
+// the Lease and its link to the leader is up (the first request only
+// starts the link).
+func awaitForwarding(t *testing.T, follower *eppProc) {
+	t.Helper()
+	before := follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "forwarded")
+	launch.WaitFor(t, func() string { return "the follower never sent the leader a ticket" }, func() bool {
+		serve(t, follower.start(ctx(t), request("lane")))
+		return follower.Metrics.Value(t, "laneway_ha_streams_total", "route", "forwarded") > before
+	})
+}
+
+// tcpProxy forwards connections from its address to a target until
+// severed: then it closes every connection and refuses new ones, as a
+// network cut that both ends notice; restore listens again.
+type tcpProxy struct {
+	t            *testing.T
+	addr, target string
+	mu           sync.Mutex
+	ln           net.Listener
+	conns        []net.Conn
+}
+
+func startProxy(t *testing.T, addr, target string) *tcpProxy {
+	p := &tcpProxy{t: t, addr: addr, target: target}
+	p.restore()
+	t.Cleanup(p.sever)
+	return p
+}
+
+func (p *tcpProxy) restore() {
+	p.t.Helper()
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		p.t.Fatalf("proxy listen on %s: %v", p.addr, err)
+	}
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, up)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(up, c); up.Close() }()
+			go func() { _, _ = io.Copy(c, up); c.Close() }()
+		}
+	}()
+}
+
+func (p *tcpProxy) sever() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
 }
 
 // TestRollingUpdate plays the Deployment controller of a two-replica

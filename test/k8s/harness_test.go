@@ -170,6 +170,9 @@ type podSpec struct {
 	annotations map[string]string
 	finalizers  []string
 	ports       []int // HTTP servers to start; default e.port
+	// ip, when set, is the pod's address, where the test serves the
+	// model server itself: no HTTP server is started for it.
+	ip string
 }
 
 // addPod starts the pod's HTTP servers and creates the pod with its status
@@ -177,13 +180,16 @@ type podSpec struct {
 // as a kubelet would.
 func (e *env) addPod(name string, s podSpec) pod {
 	e.t.Helper()
-	p := pod{name: name, ip: newIP()}
-	ports := s.ports
-	if len(ports) == 0 {
-		ports = []int{e.port}
-	}
-	for _, port := range ports {
-		startBackend(e.t, p.addr(port))
+	p := pod{name: name, ip: s.ip}
+	if p.ip == "" {
+		p.ip = newIP()
+		ports := s.ports
+		if len(ports) == 0 {
+			ports = []int{e.port}
+		}
+		for _, port := range ports {
+			startBackend(e.t, p.addr(port))
+		}
 	}
 	obj := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": s.app}, Annotations: s.annotations, Finalizers: s.finalizers},
@@ -286,10 +292,18 @@ type eppProc struct {
 // waitReady). At cleanup a live picker gets SIGTERM and must exit 0.
 func (e *env) startEPP(name, pool string, args ...string) *eppProc {
 	e.t.Helper()
+	return e.startEPPEnv(name, pool, nil, args...)
+}
+
+// startEPPEnv is startEPP with further environment variables.
+func (e *env) startEPPEnv(name, pool string, extraEnv []string, args ...string) *eppProc {
+	e.t.Helper()
 	// Only the kubeconfig flag may say where the API server is.
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, "KUBECONFIG=") || strings.HasPrefix(kv, "POD_NAMESPACE=") || strings.HasPrefix(kv, "KUBERNETES_SERVICE_")
+		return strings.HasPrefix(kv, "KUBECONFIG=") || strings.HasPrefix(kv, "POD_NAMESPACE=") || strings.HasPrefix(kv, "KUBERNETES_SERVICE_") ||
+			strings.HasPrefix(kv, "POD_IP=")
 	})
+	env = append(env, extraEnv...)
 	p := bins.RunEPP(e.t, launch.EPPOptions{
 		SkipReady: true,
 		Args: append([]string{

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"k8s.io/client-go/kubernetes"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/internal/testbed/testenv"
+	"github.com/laneway-dev/laneway/internal/tlsutil"
 )
 
 // Shared by every test: the API server (as cluster admin, for the test's
@@ -26,6 +28,10 @@ var (
 	kube       kubernetes.Interface
 	bins       launch.Binaries
 	skipReason string // set when the envtest binaries are absent
+	// replicaIdentity is the folder of the replicas' identity
+	// (--replica-cert-path): one CA and one certificate for every
+	// replica, as the chart's Secret.
+	replicaIdentity string
 )
 
 func TestMain(m *testing.M) {
@@ -40,6 +46,11 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	replicaIdentity = filepath.Join(dir, "replica")
+	if err := writeReplicaIdentity(replicaIdentity); err != nil {
+		fmt.Fprintln(os.Stderr, "k8s suite: replica identity:", err)
+		return 1
+	}
 
 	// The build and the API server start take seconds each; overlap them.
 	built := make(chan error, 1)
@@ -47,7 +58,7 @@ func run(m *testing.M) int {
 		var err error
 		// With the race detector when launch.RaceEnv asks: a data race in
 		// the controllers under these workloads then fails the suite.
-		bins, err = launch.Build(dir, launch.RaceFromEnv(), launch.CmdEpp)
+		bins, err = launch.Build(dir, launch.RaceFromEnv(), launch.CmdEpp, launch.CmdGateway, launch.CmdModelsim)
 		built <- err
 	}()
 	cluster, err = testenv.StartEnv()
@@ -93,4 +104,16 @@ func requireEnv(t *testing.T) {
 	if skipReason != "" {
 		t.Skip(skipReason)
 	}
+}
+
+// writeReplicaIdentity writes a new CA's replica identity into dir.
+func writeReplicaIdentity(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	ca, err := tlsutil.NewCA("laneway k8s suite replicas")
+	if err != nil {
+		return err
+	}
+	return ca.WriteReplica(dir, "laneway-epp")
 }

@@ -95,10 +95,14 @@ func TestSIGTERMDrainHandsOver(t *testing.T) {
 	}
 }
 
-// electionFlags turn on leader election with the tests' short timing.
+// electionFlags turn on leader election with the tests' short timing and
+// the suite's replica identity, the replica link on a port the kernel
+// picks.
 func electionFlags() []string {
 	return []string{
 		"--ha-enable-leader-election",
+		"--replica-cert-path=" + replicaIdentity,
+		"--replica-port=0",
 		"--leader-election-lease-duration=" + leaseDuration.String(),
 		"--leader-election-renew-deadline=" + renewDeadline.String(),
 		"--leader-election-retry-period=" + retryPeriod.String(),

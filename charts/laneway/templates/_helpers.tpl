@@ -34,6 +34,19 @@ endpointPickerRef and the Envoy configuration point at it.
 {{- default (include "laneway.fullname" .) .Values.inferencePool.name }}
 {{- end }}
 
+{{/* The pool's leader-election Lease (internal/ha LeaseName). */}}
+{{- define "laneway.leaseName" -}}
+laneway-epp-{{ include "laneway.poolName" . }}
+{{- end }}
+
+{{/*
+The Secret holding the replica identity (leader election): the user's, or
+the one the chart provisions (generated, or issued by cert-manager).
+*/}}
+{{- define "laneway.replicaSecret" -}}
+{{- default (printf "%s-replica" (include "laneway.fullname" .)) .Values.epp.replicaIdentity.secret }}
+{{- end }}
+
 {{- define "laneway.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "laneway.fullname" .) .Values.serviceAccount.name }}
@@ -153,9 +166,6 @@ could never reach the picker.
 {{- end }}
 {{- if and .Values.envoy.enabled .Values.envoy.clientCertSecret (not .Values.epp.secureServing) }}
 {{- fail "envoy.clientCertSecret needs epp.secureServing: Envoy presents its certificate in the TLS handshake with the picker" }}
-{{- end }}
-{{- if and (or $ca.secret $ca.configMap) (include "laneway.leaderElection" . | eq "true") (not .Values.epp.tlsSecret) }}
-{{- fail "epp.clientCA with leader election needs epp.tlsSecret: followers forward streams to the leader presenting their serving certificate, which must chain to the client CA and allow client auth (a self-signed one never does)" }}
 {{- end }}
 {{- if and .Values.envoy.enabled (or $ca.secret $ca.configMap) (not .Values.envoy.clientCertSecret) }}
 {{- fail "envoy.clientCertSecret is empty but epp.clientCA is set: the picker would refuse the chart's Envoy, which presents no client certificate; name a kubernetes.io/tls Secret signed by the client CA" }}

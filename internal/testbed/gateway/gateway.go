@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -50,27 +51,42 @@ type Options struct {
 	Shape extprocclient.Shape
 }
 
-// Gateway is an http.Handler that routes every request through the picker.
+// Gateway is an http.Handler that routes every request through a picker.
 type Gateway struct {
-	epp       *extprocclient.Client
+	epps      []*extprocclient.Client
+	next      atomic.Uint64 // round robin over epps
 	transport *http.Transport
 	opts      Options
+
+	// retried counts requests decided by another picker after theirs
+	// failed before deciding; unpicked, responses finished without their
+	// picker after it failed (FailoverStats).
+	retried, unpicked atomic.Int64
 }
 
-// New returns a Gateway that consults the picker behind conn, one
-// long-lived connection for every request.
-func New(conn grpc.ClientConnInterface, opts Options) *Gateway {
-	return newGateway(extprocclient.New(conn, extprocclient.Options{Shape: opts.Shape}), opts)
+// New returns a Gateway that consults the pickers behind conns, each
+// request the next one in turn (as a Service spreads a gateway's streams
+// over the picker's replicas), one long-lived connection per picker. With
+// several, a request whose picker fails before deciding is asked of the
+// next one (nothing was sent upstream), and a response whose picker fails
+// after deciding is finished without it: every request is answered once
+// while a picker dies.
+func New(conns []grpc.ClientConnInterface, opts Options) *Gateway {
+	epps := make([]*extprocclient.Client, len(conns))
+	for i, c := range conns {
+		epps[i] = extprocclient.New(c, extprocclient.Options{Shape: opts.Shape})
+	}
+	return newGateway(epps, opts)
 }
 
 // NewPerRequest returns a Gateway that opens a new connection to the
 // picker with dial for every request and closes it when the request ends,
 // as NGINX Gateway Fabric's endpoint-picker shim does.
 func NewPerRequest(dial func() (*grpc.ClientConn, error), opts Options) *Gateway {
-	return newGateway(extprocclient.NewPerRequest(dial, extprocclient.Options{Shape: opts.Shape}), opts)
+	return newGateway([]*extprocclient.Client{extprocclient.NewPerRequest(dial, extprocclient.Options{Shape: opts.Shape})}, opts)
 }
 
-func newGateway(epp *extprocclient.Client, opts Options) *Gateway {
+func newGateway(epps []*extprocclient.Client, opts Options) *Gateway {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 64 << 20
 	}
@@ -78,7 +94,7 @@ func newGateway(epp *extprocclient.Client, opts Options) *Gateway {
 		opts.DialTimeout = 2 * time.Second
 	}
 	return &Gateway{
-		epp: epp,
+		epps: epps,
 		transport: &http.Transport{
 			// No Proxy: endpoints are pod addresses, never reached through
 			// an environment-configured proxy.
@@ -146,10 +162,22 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	reqHeader := stripHop(r.Header)
 	reqHeader.Del("Content-Length") // the client library sets the real one
-	ex, err := g.epp.Start(ctx, extprocclient.RequestSpec{
+	spec := extprocclient.RequestSpec{
 		Method: r.Method, Path: r.URL.RequestURI(), Authority: r.Host, Scheme: "http",
 		Headers: reqHeader, Body: body,
-	})
+	}
+	first := g.next.Add(1)
+	var ex *extprocclient.Exchange
+	for i := range uint64(len(g.epps)) {
+		ex, err = g.epps[(first+i)%uint64(len(g.epps))].Start(ctx, spec)
+		if err == nil || ctx.Err() != nil || len(g.epps) == 1 || !pickerGone(err) {
+			break
+		}
+		if i+1 < uint64(len(g.epps)) {
+			g.retried.Add(1)
+			g.opts.Logger.V(2).Info("endpoint picker failed before deciding; asking the next", "error", err.Error())
+		}
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client went away; nobody to answer
@@ -256,6 +284,13 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	mut, err := ex.SendResponseHeaders(resp.StatusCode, respHeader, noBody, served)
+	if err != nil && len(g.epps) > 1 && pickerGone(err) {
+		// The picker died after deciding: the request is upstream, and
+		// its response goes to the client without the picker.
+		g.unpicked.Add(1)
+		g.opts.Logger.V(2).Info("endpoint picker failed after deciding; finishing the response without it", "error", err.Error())
+		ex, mut, err = nil, &extprocclient.HeaderMutation{}, nil
+	}
 	if err != nil {
 		g.opts.Logger.V(2).Info("ext_proc response headers failed", "error", err.Error())
 		writeError(w, http.StatusBadGateway, "ext_proc_error", "endpoint picker failed on the response")
@@ -299,10 +334,19 @@ func (g *Gateway) streamBody(w http.ResponseWriter, body io.Reader, ex *extprocc
 		if n == 0 && !eos {
 			continue
 		}
-		out, err := ex.SendResponseBody(buf[:n], eos)
-		if err != nil {
-			g.opts.Logger.V(2).Info("ext_proc response body failed", "error", err.Error())
-			panic(http.ErrAbortHandler)
+		out := buf[:n]
+		if ex != nil {
+			var err error
+			out, err = ex.SendResponseBody(buf[:n], eos)
+			if err != nil && len(g.epps) > 1 && pickerGone(err) {
+				g.unpicked.Add(1)
+				g.opts.Logger.V(2).Info("endpoint picker failed after deciding; finishing the response without it", "error", err.Error())
+				ex, out, err = nil, buf[:n], nil
+			}
+			if err != nil {
+				g.opts.Logger.V(2).Info("ext_proc response body failed", "error", err.Error())
+				panic(http.ErrAbortHandler)
+			}
 		}
 		if len(out) > 0 {
 			if _, err := w.Write(out); err != nil {
@@ -316,6 +360,20 @@ func (g *Gateway) streamBody(w http.ResponseWriter, body io.Reader, ex *extprocc
 			return
 		}
 	}
+}
+
+// pickerGone reports whether err is a picker that went away (its
+// connection refused or broken; a send on a stream the server ended
+// reports io.EOF), not an answer of a live one.
+func pickerGone(err error) bool {
+	return status.Code(err) == codes.Unavailable || errors.Is(err, io.EOF)
+}
+
+// FailoverStats reports how many requests another picker decided after
+// theirs failed before deciding, and how many responses were finished
+// without their picker after it failed.
+func (g *Gateway) FailoverStats() (retried, unpicked int64) {
+	return g.retried.Load(), g.unpicked.Load()
 }
 
 // copyBody streams an upstream body straight to the client, flushing

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 
@@ -50,18 +52,29 @@ func startBackend(t *testing.T, ip string, h http.Handler) string {
 // its base URL.
 func startGateway(t *testing.T, eppAddr string, useTLS bool, opts gateway.Options) string {
 	t.Helper()
-	conn, err := gateway.Dial(eppAddr, gateway.DialOptions{TLS: useTLS, InsecureSkipVerify: useTLS})
-	if err != nil {
-		t.Fatalf("Dial: %v", err)
+	url, _ := startGatewayOf(t, []string{eppAddr}, useTLS, opts)
+	return url
+}
+
+// startGatewayOf runs a Gateway in front of the pickers at addrs.
+func startGatewayOf(t *testing.T, addrs []string, useTLS bool, opts gateway.Options) (string, *gateway.Gateway) {
+	t.Helper()
+	var conns []grpc.ClientConnInterface
+	for _, a := range addrs {
+		conn, err := gateway.Dial(a, gateway.DialOptions{TLS: useTLS, InsecureSkipVerify: useTLS})
+		if err != nil {
+			t.Fatalf("Dial: %v", err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		conns = append(conns, conn)
 	}
-	g := gateway.New(conn, opts)
+	g := gateway.New(conns, opts)
 	srv := httptest.NewServer(g)
 	t.Cleanup(func() {
 		srv.Close()
 		g.Close()
-		conn.Close()
 	})
-	return srv.URL
+	return srv.URL, g
 }
 
 // deadAddr returns a loopback address on ip that refuses connections.
@@ -444,6 +457,82 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
+// TestSeveralPickers: requests go to the pickers in turn; one that is
+// down is replaced by the next for the requests it would have decided;
+// and a picker that dies after deciding leaves its response to be
+// finished without it. Every request is answered once.
+func TestSeveralPickers(t *testing.T) {
+	a := startBackend(t, "127.0.0.2", reporter("a", nil))
+	counting := func(n *atomic.Int32) extproc.Decider {
+		return deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
+			n.Add(1)
+			return extproc.Decision{Endpoints: []string{a}}, nil
+		})
+	}
+	post := func(t *testing.T, url string) {
+		t.Helper()
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var got seen
+		if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != 200 || got.Backend != "a" {
+			t.Fatalf("answer %d %+v %v, want 200 from a", resp.StatusCode, got, err)
+		}
+	}
+
+	t.Run("in turn", func(t *testing.T) {
+		var n1, n2 atomic.Int32
+		url, _ := startGatewayOf(t, []string{fixture.ServeExtProc(t, counting(&n1), false), fixture.ServeExtProc(t, counting(&n2), false)}, false, gateway.Options{})
+		for range 10 {
+			post(t, url)
+		}
+		if n1.Load() != 5 || n2.Load() != 5 {
+			t.Errorf("decisions %d and %d, want 5 each", n1.Load(), n2.Load())
+		}
+	})
+
+	t.Run("one down", func(t *testing.T) {
+		var n atomic.Int32
+		url, g := startGatewayOf(t, []string{deadAddr(t, "127.0.0.1"), fixture.ServeExtProc(t, counting(&n), false)}, false, gateway.Options{})
+		for range 6 {
+			post(t, url)
+		}
+		if retried, _ := g.FailoverStats(); n.Load() != 6 || retried != 3 {
+			t.Errorf("the live picker decided %d, %d retried; want 6 and 3", n.Load(), retried)
+		}
+	})
+
+	t.Run("dies after deciding", func(t *testing.T) {
+		// The picker decides for a backend that answers only once the
+		// picker is gone.
+		gs := grpc.NewServer()
+		b := startBackend(t, "127.0.0.3", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			gs.Stop()
+			reporter("a", nil).ServeHTTP(w, r)
+		}))
+		extproc.NewServer(deciderFunc(func(context.Context, *extproc.Request) (extproc.Decision, error) {
+			return extproc.Decision{Endpoints: []string{b}}, nil
+		}), extproc.Options{}).Register(gs)
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = gs.Serve(lis) }()
+		t.Cleanup(gs.Stop)
+		url, g := startGatewayOf(t, []string{lis.Addr().String(), deadAddr(t, "127.0.0.1")}, false, gateway.Options{Logger: testLogger(t)})
+		post(t, url)
+		if _, unpicked := g.FailoverStats(); unpicked != 1 {
+			t.Errorf("responses finished without their picker: %d, want 1", unpicked)
+		}
+	})
+}
+
+func testLogger(t *testing.T) logr.Logger {
+	return funcr.New(func(prefix, args string) { t.Log(prefix, args) }, funcr.Options{Verbosity: 4})
+}
+
 // TestHeaderOnlyGateway: with a header-only shape the picker's stream is
 // over (Lifecycle.Done, no first byte) before the request reaches the
 // model server, and the response streams to the client without the
@@ -495,7 +584,7 @@ func TestHeaderOnlyGateway(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { conn.Close() })
-				g = gateway.New(conn, opts)
+				g = gateway.New([]grpc.ClientConnInterface{conn}, opts)
 			}
 			srv := httptest.NewServer(g)
 			t.Cleanup(func() { srv.Close(); g.Close() })

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -19,7 +20,8 @@ import (
 type Config struct {
 	// Listen is the HTTP/1.1 listen address.
 	Listen string
-	// EPP is the picker's gRPC address.
+	// EPP is the pickers' gRPC addresses, comma-separated: each request
+	// goes to the next one (the replicas behind a Service).
 	EPP string
 	// Dial configures the connection to the picker.
 	Dial DialOptions
@@ -54,7 +56,7 @@ func NewConfig() *Config {
 // AddFlags registers the configuration's flags.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", c.Listen, "HTTP listen address")
-	fs.StringVar(&c.EPP, "epp", c.EPP, "endpoint picker gRPC address (host:port)")
+	fs.StringVar(&c.EPP, "epp", c.EPP, "endpoint picker gRPC address (host:port); several, comma-separated, take the requests in turn, and one that fails is replaced by the next for the request it failed")
 	fs.BoolVar(&c.Dial.TLS, "epp-tls", c.Dial.TLS, "connect to the endpoint picker over TLS (ALPN h2)")
 	fs.BoolVar(&c.Dial.InsecureSkipVerify, "epp-insecure-skip-verify", c.Dial.InsecureSkipVerify,
 		"accept any picker certificate (needed for its default self-signed one)")
@@ -90,8 +92,10 @@ func (c *Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("--listen %q: %w", c.Listen, err)
 	}
-	if _, _, err := net.SplitHostPort(c.EPP); err != nil {
-		return fmt.Errorf("--epp %q: %w", c.EPP, err)
+	for _, a := range strings.Split(c.EPP, ",") {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("--epp %q: %w", a, err)
+		}
 	}
 	if c.Gateway.Timeout < 0 {
 		return fmt.Errorf("--timeout %v: must not be negative", c.Gateway.Timeout)
@@ -111,16 +115,26 @@ func Run(ctx context.Context, c *Config, log logr.Logger) error {
 	opts := c.Gateway
 	opts.Logger = log
 	opts.Shape = c.Shape()
+	addrs := strings.Split(c.EPP, ",")
 	var g *Gateway
 	if c.ConnPerRequest {
-		g = NewPerRequest(func() (*grpc.ClientConn, error) { return Dial(c.EPP, c.Dial) }, opts)
-	} else {
-		conn, err := Dial(c.EPP, c.Dial)
-		if err != nil {
-			return err
+		epps := make([]*extprocclient.Client, len(addrs))
+		for i, a := range addrs {
+			epps[i] = extprocclient.NewPerRequest(func() (*grpc.ClientConn, error) { return Dial(a, c.Dial) },
+				extprocclient.Options{Shape: opts.Shape})
 		}
-		defer conn.Close()
-		g = New(conn, opts)
+		g = newGateway(epps, opts)
+	} else {
+		conns := make([]grpc.ClientConnInterface, 0, len(addrs))
+		for _, a := range addrs {
+			conn, err := Dial(a, c.Dial)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			conns = append(conns, conn)
+		}
+		g = New(conns, opts)
 	}
 	defer g.Close()
 
@@ -142,6 +156,10 @@ func Run(ctx context.Context, c *Config, log logr.Logger) error {
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("shut down: %w", err)
+	}
+	if len(addrs) > 1 {
+		retried, unpicked := g.FailoverStats()
+		log.Info("gateway stopped", "pickerRetries", retried, "responsesWithoutPicker", unpicked)
 	}
 	return nil
 }

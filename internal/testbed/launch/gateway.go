@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -18,6 +19,9 @@ type GatewayOptions struct {
 	// address, over TLS without verification (self-signed) when it serves
 	// TLS.
 	EPP *EPP
+	// EPPs, instead of EPP, are replicas the gateway asks in turn (all
+	// plaintext or all TLS, as the first).
+	EPPs []*EPP
 	// Listen is --listen; empty is 127.0.0.1 on a port the kernel picks.
 	Listen string
 	// Timeout is --timeout, the bound on one whole request; 0 keeps the
@@ -51,15 +55,23 @@ func (b Binaries) StartGateway(ctx context.Context, o GatewayOptions) (*Gateway,
 	if err != nil {
 		return nil, err
 	}
-	if o.EPP == nil {
+	epps := o.EPPs
+	if o.EPP != nil {
+		epps = append([]*EPP{o.EPP}, epps...)
+	}
+	if len(epps) == 0 {
 		return nil, errors.New("gateway: no picker to ask")
+	}
+	addrs := make([]string, len(epps))
+	for i, p := range epps {
+		addrs[i] = p.GRPCAddr
 	}
 	args := []string{
 		"--listen=" + cmp.Or(o.Listen, "127.0.0.1:0"),
-		"--epp=" + o.EPP.GRPCAddr,
-		fmt.Sprintf("--epp-tls=%t", o.EPP.TLS),
+		"--epp=" + strings.Join(addrs, ","),
+		fmt.Sprintf("--epp-tls=%t", epps[0].TLS),
 	}
-	if o.EPP.TLS {
+	if epps[0].TLS {
 		args = append(args, "--epp-insecure-skip-verify")
 	}
 	if o.Timeout != 0 {

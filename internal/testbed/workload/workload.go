@@ -19,6 +19,11 @@ import (
 type Spec struct {
 	// URL is the completions endpoint, e.g. http://127.0.0.1:8080/v1/completions.
 	URL string
+	// URLs, when set, replaces URL: the requests of each class are dealt
+	// to them in turn (round i of the interleaving goes to URLs[i mod n]),
+	// so each gets an equal share of every class, as when several
+	// gateways or pickers split one workload.
+	URLs []string
 	// Model is the body's model field.
 	Model string
 	// Classes are the class header values, e.g. premium and regular.
@@ -101,6 +106,7 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 		g    *Group
 		body []byte
 		id   string
+		url  string
 	}
 	stride := 0 // the longest prompt: prompts start stride token ids apart
 	for _, g := range s.Mix {
@@ -115,7 +121,7 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 				return nil, fmt.Errorf("workload: group %q needs PromptTokens > 0", g.Label)
 			}
 			if i < g.Count {
-				jobs = append(jobs, job{g, promptBodyAt(s.Model, s.Seed, len(jobs)*stride, g.PromptTokens), g.Label + "-" + strconv.Itoa(i)})
+				jobs = append(jobs, job{g, promptBodyAt(s.Model, s.Seed, len(jobs)*stride, g.PromptTokens), g.Label + "-" + strconv.Itoa(i), s.urlOf(i)})
 				added = true
 			}
 		}
@@ -136,7 +142,7 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			<-gate
-			c := send(ctx, client, s, j.g, j.body, j.id)
+			c := send(ctx, client, j.url, s, j.g, j.body, j.id)
 			c.At = time.Since(start)
 			mu.Lock()
 			res.Completions = append(res.Completions, c)
@@ -179,12 +185,20 @@ func promptBodyAt(model string, seed, offset, tokens int) []byte {
 	return b.Bytes()
 }
 
-func send(ctx context.Context, client *http.Client, s Spec, g *Group, body []byte, id string) Completion {
+// urlOf is where the requests of interleaving round i go.
+func (s *Spec) urlOf(i int) string {
+	if len(s.URLs) == 0 {
+		return s.URL
+	}
+	return s.URLs[i%len(s.URLs)]
+}
+
+func send(ctx context.Context, client *http.Client, url string, s Spec, g *Group, body []byte, id string) Completion {
 	c := Completion{Class: g.Label}
 	if s.RequestIDHeader != "" {
 		c.ID = id
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		c.Err = err
 		return c
