@@ -107,12 +107,15 @@ func (g *Grant) dec() *endpoint {
 }
 
 // RemoteGrant is a grant another replica's core made (the leader's, over
-// the replica link): the pick and its fallbacks, and the picked
-// endpoint's engine. Its events go to rel, which carries them back to
-// that core; it must never be given to this replica's Core.Release,
-// which accounts only for its own grants.
-func RemoteGrant(endpoints []string, engine policy.Engine, rel Releaser) *Grant {
-	return &Grant{Endpoints: endpoints, Engine: engine, rel: rel}
+// the replica link): the pick and its fallbacks, the prefill pod of a
+// disaggregated grant ("" for none), and the picked endpoint's engine.
+// Its events go to rel, which carries them back to that core; it must
+// never be given to this replica's Core.Release, which accounts only for
+// its own grants.
+func RemoteGrant(endpoints []string, prefiller string, engine policy.Engine, rel Releaser) *Grant {
+	g := NewGrant(endpoints, prefiller)
+	g.Engine, g.rel = engine, rel
+	return g
 }
 
 // FirstByte reports the first response byte: the endpoint finished this
