@@ -10,6 +10,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
@@ -50,19 +51,19 @@ func TestPolicyClassAdmission(t *testing.T) {
 		{"bucket without family", func(s *v1alpha1.PolicyClassSpec) { s.CacheBucket = "cached" },
 			[]string{"policyFamily and cacheBucket must be set together"}},
 		{"ratio above 1", func(s *v1alpha1.PolicyClassSpec) {
-			s.PrefillBusyThreshold, s.BusyWorkerRatio = ptr[int64](1), ptr("1.5")
+			s.PrefillBusyThreshold, s.BusyWorkerRatio = ptr(intstr.FromInt32(1)), ptr("1.5")
 		}, []string{"spec.busyWorkerRatio", "busyWorkerRatio must be greater than 0 and at most 1"}},
 		{"ratio 0", func(s *v1alpha1.PolicyClassSpec) {
-			s.PrefillBusyThreshold, s.BusyWorkerRatio = ptr[int64](1), ptr("0")
+			s.PrefillBusyThreshold, s.BusyWorkerRatio = ptr(intstr.FromInt32(1)), ptr("0")
 		}, []string{"busyWorkerRatio must be greater than 0 and at most 1"}},
 		{"ratio not a number", func(s *v1alpha1.PolicyClassSpec) {
-			s.PrefillBusyThreshold, s.BusyWorkerRatio = ptr[int64](1), ptr("half")
+			s.PrefillBusyThreshold, s.BusyWorkerRatio = ptr(intstr.FromInt32(1)), ptr("half")
 		}, []string{`spec.busyWorkerRatio: Invalid value: "half"`, "should match"}},
 		{"ratio without threshold", func(s *v1alpha1.PolicyClassSpec) { s.BusyWorkerRatio = ptr("0.5") },
 			[]string{"busyWorkerRatio needs a busy threshold: set prefillBusyThreshold or prefillBusyThresholdFrac too"}},
 		{"negative frac", func(s *v1alpha1.PolicyClassSpec) { s.PrefillBusyThresholdFrac = ptr("-1") },
 			[]string{`spec.prefillBusyThresholdFrac: Invalid value: "-1"`, "should match"}},
-		{"negative threshold", func(s *v1alpha1.PolicyClassSpec) { s.PrefillBusyThreshold = ptr[int64](-1) },
+		{"negative threshold", func(s *v1alpha1.PolicyClassSpec) { s.PrefillBusyThreshold = ptr(intstr.FromInt32(-1)) },
 			[]string{"spec.prefillBusyThreshold", "should be greater than or equal to 0"}},
 		{"negative limit", func(s *v1alpha1.PolicyClassSpec) { s.RequestQueueLimitPerWorker = ptr[int64](-1) },
 			[]string{"spec.requestQueueLimitPerWorker", "should be greater than or equal to 0"}},
@@ -94,7 +95,7 @@ func TestPolicyClassAccepted(t *testing.T) {
 	full.Spec = v1alpha1.PolicyClassSpec{
 		PoolRef: v1alpha1.PoolReference{Name: "llm"}, Model: "meta-llama/Llama-3.1-8B-Instruct", ClassName: "Gold_1.x",
 		PolicyFamily: "gold", CacheBucket: "all", QueuePolicy: v1alpha1.QueuePolicyWSPT, Quantum: 4096,
-		PrefillBusyThreshold: ptr[int64](0), PrefillBusyThresholdFrac: ptr("1.5e0"), BusyWorkerRatio: ptr("1"),
+		PrefillBusyThreshold: ptr(intstr.FromInt32(0)), PrefillBusyThresholdFrac: ptr("1.5e0"), BusyWorkerRatio: ptr("1"),
 		RequestQueueLimitPerWorker: ptr[int64](0), RawISLTokenQueueLimitPerWorker: ptr[int64](1 << 40),
 		CachedTokenQueueLimitPerWorker: ptr[int64](7), MaxQueueWait: &metav1.Duration{Duration: 90 * time.Second},
 		TenantFairness: true, MaxTenants: ptr[int64](50),
@@ -185,7 +186,7 @@ func TestPrinterColumns(t *testing.T) {
 	ns := namespace(t)
 	obj := validClass(ns, "premium")
 	obj.Spec.PolicyFamily, obj.Spec.CacheBucket, obj.Spec.QueuePolicy = "premium", "all", v1alpha1.QueuePolicyFCFS
-	obj.Spec.PrefillBusyThreshold = ptr[int64](1536)
+	obj.Spec.PrefillBusyThreshold = ptr(intstr.FromInt32(1536))
 	if err := k8s.Create(ctx, obj); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // QueuePolicy orders the requests inside one lane of a class (SPEC §3).
@@ -24,7 +25,8 @@ const (
 // YAML's policy_classes list, tied to a pool.
 //
 // +kubebuilder:validation:XValidation:rule="has(self.policyFamily) == has(self.cacheBucket)",message="policyFamily and cacheBucket must be set together: both for a family class, neither for an explicit class"
-// +kubebuilder:validation:XValidation:rule="!has(self.busyWorkerRatio) || has(self.prefillBusyThreshold) || has(self.prefillBusyThresholdFrac)",message="busyWorkerRatio needs a busy threshold: set prefillBusyThreshold or prefillBusyThresholdFrac too"
+// +kubebuilder:validation:XValidation:rule="!has(self.busyWorkerRatio) || (has(self.prefillBusyThreshold) && (type(self.prefillBusyThreshold) == int || self.prefillBusyThreshold != 'none')) || has(self.prefillBusyThresholdFrac)",message="busyWorkerRatio needs a busy threshold: set prefillBusyThreshold or prefillBusyThresholdFrac too"
+// +kubebuilder:validation:XValidation:rule="!has(self.prefillBusyThreshold) || !has(self.prefillBusyThresholdFrac) || type(self.prefillBusyThreshold) == int",message="prefillBusyThreshold auto or none cannot go with prefillBusyThresholdFrac"
 // +kubebuilder:validation:XValidation:rule="!has(self.maxTenants) || (has(self.tenantFairness) && self.tenantFairness)",message="maxTenants needs tenantFairness: true"
 type PolicyClassSpec struct {
 	// PoolRef is the InferencePool (same namespace) whose policy this class
@@ -77,11 +79,13 @@ type PolicyClassSpec struct {
 	Quantum int64 `json:"quantum"`
 
 	// PrefillBusyThreshold makes an endpoint busy for this class when its
-	// active prefill tokens exceed this many. A class with no threshold of
-	// either kind never queues.
+	// active prefill tokens exceed this many; "auto" (the default when
+	// neither this nor prefillBusyThresholdFrac is set) lets the threshold
+	// follow each engine, and "none" makes the class never queue.
 	// +optional
-	// +kubebuilder:validation:Minimum=0
-	PrefillBusyThreshold *int64 `json:"prefillBusyThreshold,omitempty"`
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self in ['auto', 'none']",message="should be greater than or equal to 0, or auto or none"
+	PrefillBusyThreshold *intstr.IntOrString `json:"prefillBusyThreshold,omitempty"`
 
 	// PrefillBusyThresholdFrac makes an endpoint busy when its active
 	// prefill tokens exceed this fraction of its max_num_batched_tokens.

@@ -73,10 +73,14 @@ func TestTenantAdmission(t *testing.T) {
 			[]string{"spec.tenants[1].match", "match needs at least one exact value or prefix"}},
 		{"empty prefix", func(s *v1alpha1.PolicyProfileSpec) { s.Tenants[0].Match.Prefix = []string{""} },
 			[]string{"spec.tenants[0].match.prefix[0]", "should be at least 1 chars long"}},
-		{"binding allowed without default", func(s *v1alpha1.PolicyProfileSpec) { s.Tenants[1].DefaultFamily = "" },
-			[]string{"spec.tenants[1]", "allowed is set, so defaultFamily is required"}},
-		{"default tenant allowed without default", func(s *v1alpha1.PolicyProfileSpec) { s.DefaultTenant.DefaultFamily = "" },
-			[]string{"spec.defaultTenant", "allowed is set, so defaultFamily is required"}},
+		{"binding allowed without default", func(s *v1alpha1.PolicyProfileSpec) {
+			s.Tenants[1].DefaultFamily, s.Tenants[1].Allowed = "", []string{"regular", "premium"}
+		},
+			[]string{"spec.tenants[1]", "allowed has more than one entry, so defaultFamily is required"}},
+		{"default tenant allowed without default", func(s *v1alpha1.PolicyProfileSpec) {
+			s.DefaultTenant.DefaultFamily, s.DefaultTenant.Allowed = "", []string{"regular", "premium"}
+		},
+			[]string{"spec.defaultTenant", "allowed has more than one entry, so defaultFamily is required"}},
 		{"weight 0", func(s *v1alpha1.PolicyProfileSpec) { s.Tenants[0].Weight = ptr[int64](0) },
 			[]string{"spec.tenants[0].weight", "should be greater than or equal to 1"}},
 		{"weight above a million", func(s *v1alpha1.PolicyProfileSpec) { s.DefaultTenant.Weight = ptr[int64](1_000_001) },

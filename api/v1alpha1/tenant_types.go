@@ -97,7 +97,7 @@ type TenantMatch struct {
 // queue limits. PolicyProfile.spec.defaultTenant is one for identities no
 // binding matches.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.allowed) || has(self.defaultFamily)",message="allowed is set, so defaultFamily is required (where requests that ask for another class go)"
+// +kubebuilder:validation:XValidation:rule="!has(self.allowed) || size(self.allowed) == 1 || has(self.defaultFamily)",message="allowed has more than one entry, so defaultFamily is required (where requests that ask for another class go)"
 type TenantRights struct {
 	// Allowed lists the policy families and explicit class names the tenant
 	// may ask for; a class header naming anything else is ignored. Absent:

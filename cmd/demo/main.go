@@ -20,10 +20,11 @@ func main() {
 	out := flag.String("out", "out/demo", "folder for policies, logs and the plot")
 	per := flag.Int("per-class", 320, "requests per class")
 	phases := flag.Bool("response-phases", true, "the gateway sends the response phases to the picker; false: header-only, as gateways that send none")
+	threshold := flag.String("threshold", "auto", "both classes' prefill_busy_threshold: auto, or a token count (SPEC §11 names 1536)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	_, err := demo.Run(ctx, demo.Config{BinDir: *bin, OutDir: *out, PerClass: *per, HeaderOnly: !*phases, Out: os.Stdout, Progress: os.Stderr})
+	_, err := demo.Run(ctx, demo.Config{BinDir: *bin, OutDir: *out, PerClass: *per, HeaderOnly: !*phases, Threshold: *threshold, Out: os.Stdout, Progress: os.Stderr})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)

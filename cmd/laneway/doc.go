@@ -13,7 +13,8 @@
 // 1. convert prints the PolicyProfile (with the tenant rules) and
 // PolicyClass objects that express the same policy for one InferencePool,
 // as multi-document YAML for kubectl apply. status reads a running
-// picker's status page (its metrics port) and prints it as tables or JSON.
+// picker's status page (its --status-port, on the pod's loopback address:
+// kubectl port-forward) and prints it as tables or JSON.
 // simulate replays a trace through the picker's own scheduling core and
 // simulated model servers in virtual time, for each policy and baseline,
 // and writes a table, summary.json, requests.jsonl per policy and plots

@@ -14,10 +14,11 @@ import (
 )
 
 // runStatus is `laneway status --epp HOST:PORT [--watch] [--output json]`:
-// the picker's status page (its metrics port) as tables or JSON.
+// the picker's status page (its --status-port, 9091 on the loopback
+// address by default) as tables or JSON.
 func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("status", stderr)
-	epp := fs.String("epp", "", "The picker's metrics address, HOST:PORT (its --metrics-port).")
+	epp := fs.String("epp", "", "The picker's status page address, HOST:PORT (its --status-bind and --status-port: 127.0.0.1:9091 by default, through kubectl port-forward in a cluster).")
 	watch := fs.Bool("watch", false, "Refresh every --interval until interrupted.")
 	interval := fs.Duration("interval", 2*time.Second, "Refresh period with --watch.")
 	output := fs.String("output", "table", "table, or json for scripts.")

@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -44,7 +44,7 @@ func ParseEndpointsFile(data []byte) (eps []FileEndpoint, warnings []string, err
 				errs = append(errs, fmt.Errorf("line %d: %q: want ip:port and at most a role", n+1, strings.TrimSpace(entry)))
 				continue
 			}
-			if _, _, err := net.SplitHostPort(f[0]); err != nil {
+			if err := checkEndpoint(f[0]); err != nil {
 				errs = append(errs, fmt.Errorf("line %d: %q is not ip:port: %w", n+1, f[0], err))
 				continue
 			}
@@ -73,6 +73,20 @@ func ParseEndpoints(data []byte) ([]string, error) {
 		addrs = nil
 	}
 	return addrs, err
+}
+
+// checkEndpoint accepts an IP address and a port from 1 to 65535:
+// net.SplitHostPort alone let "foo:bar" and "[::1]:x" through, which the
+// picker then dialled (and scraped) forever.
+func checkEndpoint(ep string) error {
+	ap, err := netip.ParseAddrPort(ep)
+	if err != nil {
+		return err
+	}
+	if ap.Port() == 0 {
+		return errors.New("port 0")
+	}
+	return nil
 }
 
 // standaloneEndpoints is the standalone mode's first endpoint set: the

@@ -1,6 +1,7 @@
 package epp
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -24,6 +25,10 @@ func TestParseEndpoints(t *testing.T) {
 		{name: "commas, spaces and trailing comments", in: " 10.0.0.1:8000 , 10.0.0.2:8000 # rack a\r\n[fd00::1]:8000", want: []string{"10.0.0.1:8000", "10.0.0.2:8000", "[fd00::1]:8000"}},
 		{name: "bad entries named with their lines", in: "10.0.0.1:8000\n10.0.0.2\n\nhost:1:2\n", want: []string{"10.0.0.1:8000"},
 			wantErr: []string{`line 2: "10.0.0.2"`, `line 4: "host:1:2"`}},
+		// The audit's probe: a host name or a port that is not a number
+		// split as host:port, and the picker dialled them.
+		{name: "a host name, a port that is no number, port 0", in: "foo:bar\n[::1]:x\nmodel-0:8000\n10.0.0.1:0\n10.0.0.1:65536\n[::1]:8000", want: []string{"[::1]:8000"},
+			wantErr: []string{`line 1: "foo:bar"`, `line 2: "[::1]:x"`, `line 3: "model-0:8000"`, `line 4: "10.0.0.1:0"`, `line 5: "10.0.0.1:65536"`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -81,6 +86,11 @@ func TestEndpointsFileOptions(t *testing.T) {
 		{name: "no poll interval", configure: func(o *Options) { o.EndpointsFile, o.PolicyPollInterval = "eps", 0 },
 			wantErr: "--policy-poll-interval: 0s must be positive"},
 		{name: "no poll interval, nothing to poll", configure: func(o *Options) { o.PolicyPollInterval = -time.Second }},
+		{name: "--endpoints foo:bar", configure: func(o *Options) { o.Endpoints = []string{"foo:bar"} },
+			wantErr: `--endpoints: "foo:bar" is not ip:port`},
+		{name: "--endpoints [::1]:x", configure: func(o *Options) { o.Endpoints = []string{"[::1]:x"} },
+			wantErr: `--endpoints: "[::1]:x" is not ip:port`},
+		{name: "--endpoints [::1]:8000", configure: func(o *Options) { o.Endpoints = []string{"[::1]:8000", "10.0.0.1:80"} }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -100,4 +110,30 @@ func TestEndpointsFileOptions(t *testing.T) {
 		!strings.Contains(err.Error(), "--endpoints-file") {
 		t.Errorf("a missing endpoints file: %v, want an error naming --endpoints-file", err)
 	}
+}
+
+// FuzzParseEndpoints: every entry ParseEndpoints returns is an IP address
+// and a port from 1 to 65535, each non-empty entry of the input is either
+// returned or named in the error, and the result parses again to itself.
+func FuzzParseEndpoints(f *testing.F) {
+	for _, s := range []string{"", "10.0.0.1:8000\n10.0.0.2:8000", " 10.0.0.1:8000 , [fd00::1]:8000 # x\r\n", "foo:bar", "[::1]:x",
+		"10.0.0.1:0", "[fe80::1%eth0]:80", "1.2.3.4:65536", "::1:80", "#only\n,,,\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		eps, err := ParseEndpoints(data)
+		for _, ep := range eps {
+			ap, perr := netip.ParseAddrPort(ep)
+			if perr != nil || ap.Port() == 0 {
+				t.Fatalf("accepted %q: %v, port %d", ep, perr, ap.Port())
+			}
+		}
+		if err != nil {
+			return
+		}
+		again, err := ParseEndpoints([]byte(strings.Join(eps, "\n")))
+		if err != nil || !slices.Equal(again, eps) {
+			t.Fatalf("%q parse again to %q, %v", eps, again, err)
+		}
+	})
 }

@@ -2,12 +2,15 @@ package epp
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/extproc"
@@ -43,6 +46,11 @@ type Handler struct {
 	// Identity, when set, returns the policy's identity source (SPEC §14)
 	// for each request; nil or a nil answer means none.
 	Identity func() *policy.Identity
+	// IgnoreClientHints, without an identity source, makes every request
+	// the anonymous tenant and drops its class and priority hints: a
+	// client's x-laneway-tenant and hints count for nothing
+	// (--trust-client-hints=false).
+	IgnoreClientHints bool
 	// WaitEstimate, when set, returns a class's current queue-wait
 	// estimate, 0 when it has none: the retry-after of the class's 429s
 	// (queue and tenant limits, shed). Answers without a class, or of a
@@ -72,7 +80,11 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 	if h.Identity != nil {
 		id = h.Identity()
 	}
-	t.Tenant = tenantOf(req, id)
+	if h.IgnoreClientHints && id == nil {
+		t.ClassHeader, t.Priority, t.HasPriority, t.Strict = "", 0, false, 0
+	} else {
+		t.Tenant = tenantOf(req, id)
+	}
 	if v, ok := req.Headers[policy.DPRankHeader]; ok {
 		t.RankLo, t.RankHi, t.HasRanks = policy.ParseDPRank(v)
 	}
@@ -215,20 +227,45 @@ func jsonReply(status int, reason, msg string, details map[string]any) *extproc.
 // identity source when the policy has one (the forwarded metadata field,
 // then the gateway's header), else from the x-laneway-tenant header a
 // client may set. "" when there is none; the policy names such requests'
-// tenant.
+// tenant. It is a name of its own (tenantName), never a piece of the
+// request.
 func tenantOf(req *extproc.Request, id *policy.Identity) string {
 	if id == nil {
-		return strings.TrimSpace(req.Headers[policy.TenantHeader])
+		return tenantName(strings.TrimSpace(req.Headers[policy.TenantHeader]))
 	}
 	if id.MetadataNamespace != "" {
 		if v, ok := req.MetadataString(id.MetadataNamespace, id.MetadataPath); ok && v != "" {
-			return v
+			return tenantName(v)
 		}
 	}
 	if id.Header != "" {
-		return strings.TrimSpace(req.Headers[id.Header])
+		return tenantName(strings.TrimSpace(req.Headers[id.Header]))
 	}
 	return ""
+}
+
+// MaxTenantBytes bounds a tenant's name, as Kubernetes bounds an object's.
+const MaxTenantBytes = 253
+
+// tenantName is the name an identity is kept under, in a queue and for
+// the status page's minute: a copy, because a header value is a slice of
+// the string that holds all of a request's header values, which the name
+// would otherwise keep alive (16 KiB of headers per tenant kept for a
+// name of a few bytes), and at most MaxTenantBytes long. A longer identity
+// keeps its first bytes (at a character boundary) and ends in "~" and 16
+// hex digits of its SHA-256, so two long identities stay two tenants,
+// and a binding's prefix of up to 236 bytes still matches.
+func tenantName(id string) string {
+	if len(id) <= MaxTenantBytes {
+		return strings.Clone(id)
+	}
+	sum := sha256.Sum256([]byte(id))
+	const suffix = 1 + 16
+	cut := MaxTenantBytes - suffix
+	for cut > 0 && !utf8.RuneStart(id[cut]) {
+		cut--
+	}
+	return id[:cut] + "~" + hex.EncodeToString(sum[:8])
 }
 
 // cachedEstimate wraps a class's queue-wait estimate read so that each

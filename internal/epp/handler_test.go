@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+	"unsafe"
 
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/extproc"
@@ -115,5 +118,31 @@ func TestDecidePrefillerHeader(t *testing.T) {
 				t.Errorf("headers %v remove %v, want %v and %v", d.Headers, d.RemoveHeaders, tc.wantHeaders, tc.wantRemove)
 			}
 		})
+	}
+}
+
+// TestTenantName: a tenant's name is a copy of the identity, sharing no
+// memory with the request's header block, and at most MaxTenantBytes: a
+// longer identity keeps its first bytes at a character boundary and a
+// hash of the whole, so two long identities remain two tenants.
+func TestTenantName(t *testing.T) {
+	block := "x-other-header-value" + "acme-prod"
+	id := block[len(block)-len("acme-prod"):] // a header value: a slice of the block
+	got := tenantName(id)
+	if got != "acme-prod" || unsafe.StringData(got) == unsafe.StringData(id) {
+		t.Errorf("tenantName(%q) = %q sharing the block: %t; want an equal copy", id, got, unsafe.StringData(got) == unsafe.StringData(id))
+	}
+	long := strings.Repeat("a", 300)
+	other := strings.Repeat("a", 299) + "b"
+	gl, go2 := tenantName(long), tenantName(other)
+	if len(gl) != MaxTenantBytes || len(go2) != MaxTenantBytes || gl == go2 || gl[:236] != long[:236] || gl[236] != '~' {
+		t.Errorf("long identities: %q and %q; want two distinct names of %d bytes, the first 236 kept", gl, go2, MaxTenantBytes)
+	}
+	wide := strings.Repeat("é", 150) // 300 bytes of two-byte characters
+	if gw := tenantName(wide); len(gw) > MaxTenantBytes || !utf8.ValidString(gw) {
+		t.Errorf("tenantName of 150 × é: %d bytes, valid UTF-8 %t; want at most %d and valid", len(gw), utf8.ValidString(gw), MaxTenantBytes)
+	}
+	if tenantName("") != "" {
+		t.Error("the empty identity is not empty")
 	}
 }

@@ -54,8 +54,9 @@ type IntelOptions struct {
 	// PrefixCacheTTL ages index entries out this long after their last
 	// use (0: by capacity only).
 	PrefixCacheTTL time.Duration
-	// ForwardPriority rewrites the body's top-level priority to the soft
-	// priority hint in the engine's polarity (SPEC §6).
+	// ForwardPriority makes the body's top-level priority the soft
+	// priority hint in the engine's polarity, and removes it when there is
+	// no hint or the engine takes none (SPEC §6).
 	ForwardPriority bool
 	// MaxEngineQueue is the overload filter's bound on an engine's
 	// waiting requests (0: off).
@@ -275,8 +276,10 @@ func (in *intel) stop() {
 func (in *intel) BlockSize() int { return in.disp.BlockSize() }
 
 // Routed implements RequestHooks: count the cost snapshot per endpoint,
-// log it at debug level (numbers only, never prompt text) and forward the
-// priority.
+// log it at debug level (numbers only, never prompt text) and, with
+// ForwardPriority, make the body's top-level priority the request's
+// (capped) hint in the engine's polarity, or remove it when there is none
+// to forward.
 func (in *intel) Routed(req *extproc.Request, t *sched.Ticket, g *sched.Grant, at *tokenize.PrioritySpans) []byte {
 	ep := g.Endpoints[0]
 	if g.PD != sched.PDNone {
@@ -296,14 +299,19 @@ func (in *intel) Routed(req *extproc.Request, t *sched.Ticket, g *sched.Grant, a
 		log.Info("routed", "endpoint", ep, "prefill", prefiller, "rawISL", t.RawISL, "cachedTokens", t.Cached, "class", t.Class,
 			"priority", t.Priority, "hasPriority", t.HasPriority)
 	}
-	if !in.opts.ForwardPriority || !t.HasPriority || at == nil {
-		return nil
+	if !in.opts.ForwardPriority || at == nil || len(req.Body) == 0 {
+		return nil // nothing to forward it in
 	}
-	v, ok := policy.ForwardPriority(g.Engine, t.EffectivePriority()) // as its tenant may have it
-	if !ok {
-		return nil
+	// The picker owns the field: the request's priority as its tenant may
+	// have it, or none. A body's own priority would otherwise reach the
+	// engine unchecked, past every cap (SPEC §6).
+	var body []byte
+	ok := true
+	if v, fwd := policy.ForwardPriority(g.Engine, t.EffectivePriority()); fwd && t.HasPriority {
+		body, ok = splicePriority(req.Body, at, v)
+	} else {
+		body, ok = dropPriority(req.Body, at)
 	}
-	body, ok := splicePriority(req.Body, at, v)
 	if !ok {
 		// The spans come from the parse of this very body, so this cannot
 		// happen; the request goes unchanged rather than failing.

@@ -122,7 +122,9 @@ func TestPriorityForwarding(t *testing.T) {
 		{"SGLang gets it as is", []string{"--forward-priority"}, withHint, "", "127.0.0.3:8000", `{"priority":5,` + withHint[1:]},
 		{"TRT-LLM gets none", []string{"--forward-priority"}, withHint, "", "127.0.0.4:8000", ""},
 		{"header hint overrides the body", []string{"--forward-priority"}, withHint, "-3", "127.0.0.2:8000", `{"priority":3,` + withHint[1:]},
-		{"no hint: a client's own priority stays", []string{"--forward-priority"}, noHint, "", "127.0.0.2:8000", ""},
+		{"no hint: a client's own priority goes", []string{"--forward-priority"}, noHint, "", "127.0.0.2:8000", `{"model":"m","prompt":[1,2,3]}`},
+		{"TRT-LLM: a client's own priority goes", []string{"--forward-priority"}, noHint, "", "127.0.0.4:8000", `{"model":"m","prompt":[1,2,3]}`},
+		{"off: a client's own priority stays", nil, noHint, "", "127.0.0.2:8000", ""},
 		{"off by default", nil, withHint, "", "127.0.0.2:8000", ""},
 		{"engine from --engine-type", []string{"--forward-priority", "--engine-type=sglang"}, withHint, "", "127.0.0.2:8000", `{"priority":5,` + withHint[1:]},
 	}
@@ -326,5 +328,34 @@ func TestParseKeysAreCaseSensitive(t *testing.T) {
 	}
 	if tk.Model != "a" || tk.HasPriority || tk.Priority != 0 {
 		t.Errorf("model %q priority %d (has %v); want model a and no priority hint", tk.Model, tk.Priority, tk.HasPriority)
+	}
+}
+
+// TestBodylessRequestDecidedOnHeaders: a request without a body (GET
+// /v1/models, the audit's probe) is decided on its headers (SPEC §7), not
+// refused 400 "request body is empty"; its header hints count, and with
+// --forward-priority there is no body to rewrite.
+func TestBodylessRequestDecidedOnHeaders(t *testing.T) {
+	for _, args := range [][]string{nil, {"--forward-priority"}} {
+		t.Run(strings.Join(append([]string{"flags"}, args...), " "), func(t *testing.T) {
+			h, _, _ := newTestIntel(t, args...)
+			req := &extproc.Request{Headers: map[string]string{":method": "GET", ":path": "/v1/models", "x-laneway-priority": "3"},
+				Subset: []string{"127.0.0.2:8000"}, HasSubset: true}
+			d, err := h.Decide(context.Background(), req)
+			if err != nil {
+				t.Fatalf("answered %v, want routed", err)
+			}
+			defer d.Lifecycle.Done()
+			if d.Endpoints[0] != "127.0.0.2:8000" || d.Body != nil {
+				t.Fatalf("routed to %v with body %q, want 127.0.0.2:8000 and no body", d.Endpoints, d.Body)
+			}
+		})
+	}
+	var tk sched.Ticket
+	if err := (BodyParser{}).Parse(&extproc.Request{Headers: map[string]string{"x-laneway-priority": "3", "x-laneway-policy-class": "gold"}}, &tk); err != nil {
+		t.Fatalf("Parse without a body: %v", err)
+	}
+	if tk.Model != "" || tk.RawISL != 0 || !tk.HasPriority || tk.Priority != 3 || tk.ClassHeader != "gold" {
+		t.Errorf("ticket %+v, want no model, 0 tokens, priority 3 and class gold from the headers", tk)
 	}
 }

@@ -81,7 +81,7 @@ func RunKube(ctx context.Context, opts *Options, log logr.Logger) error {
 		return err
 	}
 	grpcAddr, healthAddr, metricsAddr := srv.Addrs()
-	log.Info("endpoint picker serving (Kubernetes mode)", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr, "replica", srv.ReplicaAddr(),
+	log.Info("endpoint picker serving (Kubernetes mode)", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr, "replica", srv.ReplicaAddr(), "status", srv.StatusAddr(),
 		"tls", opts.SecureServing, "pool", opts.Kube.PoolNamespace+"/"+opts.Kube.PoolName, "leaderElection", opts.Kube.LeaderElection, "identity", identity)
 	return srv.Run(ctx, parts...)
 }

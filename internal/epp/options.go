@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +28,8 @@ const (
 	// DefaultReplicaPort is the replica link's port (tickets between
 	// replicas, SPEC §15).
 	DefaultReplicaPort = 9004
+	// DefaultStatusPort is the status page's port (on loopback).
+	DefaultStatusPort = 9091
 )
 
 // DefaultPprofBind is where pprof listens unless --pprof-bind says
@@ -97,11 +100,26 @@ type Options struct {
 	HeaderPickOnly bool
 	// MaxBodyBytes bounds a request body (400 beyond it).
 	MaxBodyBytes int
-	// MaxHeldBodyBytes bounds the body bytes held by all streams not yet
-	// answered (429 held_bytes beyond it). Zero before Complete derives
-	// it: half of GOMEMLIMIT when that is set, else 512 MiB, and never
-	// below MaxBodyBytes.
+	// MaxHeldBodyBytes bounds the request bytes held by all streams: the
+	// headers of the open ones, the bodies of those not yet passed back
+	// (429 held_bytes beyond it). Zero before Complete derives it: half
+	// of GOMEMLIMIT when that is set, else 512 MiB, and never below
+	// MaxBodyBytes.
 	MaxHeldBodyBytes int64
+	// MaxHeaderBytes bounds one request's header block (431 beyond it).
+	MaxHeaderBytes int
+	// BodyTimeout bounds the arrival of a request body after its headers
+	// (408 beyond it; 0 turns it off).
+	BodyTimeout time.Duration
+	// MaxStreams bounds the ext_proc streams open at once, also per
+	// connection (429 stream_limit beyond it; 0 turns it off).
+	MaxStreams int
+	// TrustClientHints takes, without an identity source, the tenant from
+	// x-laneway-tenant and the class and priority hints as sent (the
+	// reference router's trust in its frontend). Off, such requests are
+	// all the anonymous tenant and their hints count for nothing; with an
+	// identity source the bindings decide either way (SPEC §14).
+	TrustClientHints bool
 	// ConformanceHooks honours the upstream conformance suite's request
 	// header test-epp-endpoint-selection and echoes the served endpoint
 	// (SPEC §7); off, any client could pin its request to a pod past
@@ -115,6 +133,16 @@ type Options struct {
 	PolicyPollInterval time.Duration
 	// Verbosity is the log level (-v): 2 default, 3 verbose, 4 debug, 5 trace.
 	Verbosity int
+	// StatusPort serves the status page (/debug/status: tenant names and
+	// endpoint addresses) on StatusBind:StatusPort; 0 lets the kernel
+	// choose the port, negative turns the page off. It is not on the
+	// metrics port, which listens with the other servers and which a
+	// Service exposes.
+	StatusPort int
+	// StatusBind is the address the status page listens on: loopback
+	// unless set otherwise, whatever BindAddress is (reach it with
+	// kubectl port-forward).
+	StatusBind string
 	// PprofPort, when > 0, serves net/http/pprof on PprofBind:PprofPort.
 	// Off by default: profiles expose internals and cost CPU when taken.
 	PprofPort int
@@ -218,11 +246,19 @@ func NewOptions() *Options {
 		// transfer and the extra hop cost more than they save.
 		DisaggregateAboveUncachedTokens: DefaultDisaggregateAboveUncachedTokens,
 		MaxBodyBytes:                    16 << 20,
-		RetryAfter:                      extproc.DefaultRetryAfter,
-		PolicyPollInterval:              time.Second,
-		Verbosity:                       2,
-		PprofBind:                       DefaultPprofBind,
-		Intel:                           defaultIntelOptions(),
+		// Standalone behind its own frontend, as the reference router;
+		// the chart turns it off (trustClientHints).
+		TrustClientHints:   true,
+		MaxHeaderBytes:     extproc.DefaultMaxHeaderBytes,
+		BodyTimeout:        extproc.DefaultBodyTimeout,
+		MaxStreams:         extproc.DefaultMaxStreams,
+		RetryAfter:         extproc.DefaultRetryAfter,
+		PolicyPollInterval: time.Second,
+		Verbosity:          2,
+		PprofBind:          DefaultPprofBind,
+		StatusPort:         DefaultStatusPort,
+		StatusBind:         DefaultPprofBind,
+		Intel:              defaultIntelOptions(),
 		Kube: KubeOptions{
 			PoolNamespace: defaultPoolNamespace(),
 			PoolGroup:     DefaultPoolGroup,
@@ -261,11 +297,17 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&o.DisaggregateAboveUncachedTokens, "disaggregate-above-uncached-tokens", o.DisaggregateAboveUncachedTokens, "In a pool with prefill pods (role prefill), prefill a request on a prefill pod and decode it on a decode pod when its uncached prompt tokens are above this; a policy class's disaggregate_above_uncached_tokens overrides it.")
 	fs.BoolVar(&o.HeaderPickOnly, "header-pick-only", o.HeaderPickOnly, "Put only the pick in the x-gateway-destination-endpoint header and the fallback list in the envoy.lb metadata (for plain Envoy with --max-fallbacks > 0).")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "Largest request body accepted (400 beyond it).")
-	fs.Int64Var(&o.MaxHeldBodyBytes, "max-held-body-bytes", o.MaxHeldBodyBytes, "Budget for the request body bytes held by requests not yet answered, counted from content-length at the headers; a request that would pass it gets 429 held_bytes (0: half of GOMEMLIMIT when set, else 512 MiB).")
+	fs.Int64Var(&o.MaxHeldBodyBytes, "max-held-body-bytes", o.MaxHeldBodyBytes, "Budget for the request bytes the picker holds: the headers of open streams and the body buffers of requests not yet passed back (what arrived, never what content-length announces); a request that would pass it gets 429 held_bytes (0: half of GOMEMLIMIT when set, else 512 MiB).")
+	fs.IntVar(&o.MaxHeaderBytes, "max-header-bytes", o.MaxHeaderBytes, "Largest request header block (names and values) accepted (431 headers_too_large beyond it).")
+	fs.DurationVar(&o.BodyTimeout, "body-timeout", o.BodyTimeout, "How long a request body may take to arrive after its headers; a body still incomplete is answered 408 body_timeout and its bytes let go (0: no limit). The queue wait is not part of it.")
+	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "ext_proc streams open at once, in all and per gateway connection; one more gets 429 stream_limit (0: no limit).")
+	fs.BoolVar(&o.TrustClientHints, "trust-client-hints", o.TrustClientHints, "Without an identity source in the policy: take the tenant from x-laneway-tenant and the class and priority hints (headers and body) as sent. false: every such request is the anonymous tenant and its hints are ignored (the chart's default; docs/security.md).")
 	fs.BoolVar(&o.ConformanceHooks, "enable-conformance-hooks", o.ConformanceHooks, "Honour the conformance suite's test-epp-endpoint-selection request header (pins a request to the pods it names) and answer with x-conformance-test-served-endpoint. Only for conformance runs: any client could use it.")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503 without a queue-wait estimate of its class (no endpoint, not ready, shutting down, a class nothing waited in lately); rounded up to whole seconds.")
 	fs.DurationVar(&o.PolicyPollInterval, "policy-poll-interval", o.PolicyPollInterval, "How often --policy-config and --endpoints-file are checked for changes.")
 	fs.IntVarP(&o.Verbosity, "v", "v", o.Verbosity, "Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.")
+	fs.IntVar(&o.StatusPort, "status-port", o.StatusPort, "Serve the status page (/debug/status, read by laneway status) on this port of --status-bind (0: a port the kernel chooses; -1: off). It names tenants and endpoint addresses, so it is not on the metrics port.")
+	fs.StringVar(&o.StatusBind, "status-bind", o.StatusBind, "Address the status page listens on (empty: all interfaces); loopback by default, whatever --bind-address is: reach it with kubectl port-forward.")
 	fs.IntVar(&o.PprofPort, "pprof-port", o.PprofPort, "Serve net/http/pprof on this port (0: off).")
 	fs.StringVar(&o.PprofBind, "pprof-bind", o.PprofBind, "Address pprof listens on (empty: all interfaces); loopback by default, whatever --bind-address is.")
 	o.Intel.AddFlags(fs)
@@ -299,10 +341,39 @@ func (o *Options) Complete() error {
 		}
 	}
 	o.Endpoints = eps
+	limit, err := containerMemoryLimit(os.Getenv)
+	if err != nil {
+		return err
+	}
+	if limit > 0 {
+		debug.SetMemoryLimit(limit)
+	}
 	if o.MaxHeldBodyBytes == 0 {
 		o.MaxHeldBodyBytes = defaultHeldBodyBytes(debug.SetMemoryLimit(-1), o.MaxBodyBytes)
 	}
 	return nil
+}
+
+// MemoryLimitEnv names the variable that carries the container's memory
+// limit in bytes (the chart sets it from the downward API's limits.memory).
+const MemoryLimitEnv = "LANEWAY_MEMORY_LIMIT_BYTES"
+
+// containerMemoryLimit is the Go memory limit to set for the container
+// limit in MemoryLimitEnv: 90% of it, leaving a tenth for what the Go
+// runtime does not count against its limit (the binary's text and data,
+// freed pages not yet returned) before the kernel's OOM killer counts it.
+// 0 leaves the runtime's limit alone: no container limit given, or
+// GOMEMLIMIT set, which says what the operator wants.
+func containerMemoryLimit(getenv func(string) string) (int64, error) {
+	v := getenv(MemoryLimitEnv)
+	if v == "" || getenv("GOMEMLIMIT") != "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s=%q: want the container's memory limit in bytes, a positive integer", MemoryLimitEnv, v)
+	}
+	return n / 10 * 9, nil
 }
 
 // defaultHeldBodyBytes is --max-held-body-bytes' default for a Go memory
@@ -322,7 +393,7 @@ func defaultHeldBodyBytes(memLimit int64, maxBody int) int64 {
 func (o *Options) Validate() error {
 	var errs []error
 	for _, ep := range o.Endpoints {
-		if _, _, err := net.SplitHostPort(ep); err != nil {
+		if err := checkEndpoint(ep); err != nil {
 			errs = append(errs, fmt.Errorf("--endpoints: %q is not ip:port: %w", ep, err))
 		}
 	}
@@ -330,6 +401,9 @@ func (o *Options) Validate() error {
 		if p < 0 || p > 65535 {
 			errs = append(errs, fmt.Errorf("%s: %d is not a port", name, p))
 		}
+	}
+	if o.StatusPort < -1 || o.StatusPort > 65535 {
+		errs = append(errs, fmt.Errorf("--status-port: %d is not a port (or -1: off)", o.StatusPort))
 	}
 	if o.EndpointsFile != "" && len(o.Endpoints) > 0 {
 		errs = append(errs, errors.New("--endpoints and --endpoints-file exclude each other"))
@@ -362,6 +436,15 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxBodyBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-body-bytes: %d must be positive", o.MaxBodyBytes))
+	}
+	if o.MaxHeaderBytes <= 0 {
+		errs = append(errs, fmt.Errorf("--max-header-bytes: %d must be positive", o.MaxHeaderBytes))
+	}
+	if o.BodyTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--body-timeout: %s is negative", o.BodyTimeout))
+	}
+	if o.MaxStreams < 0 || o.MaxStreams > math.MaxUint32 {
+		errs = append(errs, fmt.Errorf("--max-streams: %d is not between 0 and %d", o.MaxStreams, uint32(math.MaxUint32)))
 	}
 	// 0 is the flag's "derive it" (Complete does); only a set value can
 	// be too small.

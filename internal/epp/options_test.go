@@ -56,3 +56,32 @@ func TestHeldBodyBytesFlag(t *testing.T) {
 		})
 	}
 }
+
+// TestContainerMemoryLimit: with the container's memory limit in
+// LANEWAY_MEMORY_LIMIT_BYTES (the chart's downward API) and no GOMEMLIMIT,
+// the Go memory limit is 90% of it, leaving the rest to what the runtime
+// does not count (the binary, stacks, freed pages not yet returned);
+// GOMEMLIMIT set by hand wins, and a value that is not a byte count is an
+// error naming the variable.
+func TestContainerMemoryLimit(t *testing.T) {
+	cases := []struct {
+		name    string
+		env     map[string]string
+		want    int64 // 0: leave the runtime's limit alone
+		wantErr bool
+	}{
+		{name: "none", env: map[string]string{}},
+		{name: "1 GiB", env: map[string]string{MemoryLimitEnv: "1073741824"}, want: 966367638},
+		{name: "GOMEMLIMIT wins", env: map[string]string{MemoryLimitEnv: "1073741824", "GOMEMLIMIT": "500MiB"}},
+		{name: "not a number", env: map[string]string{MemoryLimitEnv: "1Gi"}, wantErr: true},
+		{name: "zero", env: map[string]string{MemoryLimitEnv: "0"}, wantErr: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := containerMemoryLimit(func(k string) string { return tc.env[k] })
+			if got != tc.want || (err != nil) != tc.wantErr || (err != nil && !strings.Contains(err.Error(), MemoryLimitEnv)) {
+				t.Errorf("got %d, %v; want %d, error %t naming %s", got, err, tc.want, tc.wantErr, MemoryLimitEnv)
+			}
+		})
+	}
+}

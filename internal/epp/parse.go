@@ -46,6 +46,13 @@ func (p BodyParser) Parse(req *extproc.Request, t *sched.Ticket) error {
 
 // ParseBlocks implements BlockParser.
 func (p BodyParser) ParseBlocks(req *extproc.Request, t *sched.Ticket, blockSize int, dst []uint64, f *tokenize.Fields) error {
+	if len(req.Body) == 0 {
+		// A request without a body (GET /v1/models) is decided on its
+		// headers (SPEC §7): no model, no prompt, the header hints only.
+		*f = tokenize.Fields{Priority: tokenize.PrioritySpans{Values: f.Priority.Values[:0], Keys: f.Priority.Keys[:0]}}
+		p.applyHints(req, t, f, 0)
+		return nil
+	}
 	tok := p.Tokenizer
 	if tok == nil {
 		tok = EstimateTokenizer{}
@@ -62,6 +69,13 @@ func (p BodyParser) ParseBlocks(req *extproc.Request, t *sched.Ticket, blockSize
 	if err != nil {
 		return err // it names the byte and the field
 	}
+	p.applyHints(req, t, f, n)
+	return nil
+}
+
+// applyHints fills t from the body's fields f and the request's headers,
+// for a prompt of n tokens.
+func (BodyParser) applyHints(req *extproc.Request, t *sched.Ticket, f *tokenize.Fields, n int) {
 	var h policy.Hints
 	h.ApplyAgentHints(f.Hints)
 	var hh policy.HeaderHints
@@ -75,5 +89,4 @@ func (p BodyParser) ParseBlocks(req *extproc.Request, t *sched.Ticket, blockSize
 	t.Priority = h.Priority
 	t.HasPriority = h.HasPriority
 	t.Strict = h.StrictPriority
-	return nil
 }

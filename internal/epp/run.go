@@ -59,10 +59,10 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 		}
 	}
 	grpcAddr, healthAddr, metricsAddr := srv.Addrs()
-	log.Info("endpoint picker serving", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr, "replica", srv.ReplicaAddr(),
+	log.Info("endpoint picker serving", "grpc", grpcAddr, "health", healthAddr, "metrics", metricsAddr, "replica", srv.ReplicaAddr(), "status", srv.StatusAddr(),
 		"tls", opts.SecureServing, "endpoints", len(eps), "classes", len(compiled.Classes), "identity", identity, "replicaLeader", opts.ReplicaLeader)
 	logClasses(log, compiled)
-	log.Info("tenants: " + compiled.Identity().String())
+	log.Info("tenants: " + identityLine(compiled.Identity(), opts.TrustClientHints))
 	srv.SetReady(true)
 	var parts []manager.Runnable
 	if opts.PolicyConfig != "" {
@@ -78,6 +78,15 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 		}))
 	}
 	return srv.Run(ctx, parts...)
+}
+
+// identityLine says in one line where tenants come from, with
+// --trust-client-hints.
+func identityLine(id *policy.Identity, trust bool) string {
+	if id == nil && !trust {
+		return `no identity configured and --trust-client-hints=false: every request is tenant "` + policy.DefaultAnonymousTenant + `" and client hints are ignored`
+	}
+	return id.String()
 }
 
 func logClasses(log logr.Logger, c *policy.Compiled) {

@@ -5,8 +5,8 @@ import (
 	"strconv"
 )
 
-// MaxConcurrentScrapes bounds the requests the metrics port (/metrics and
-// /debug/status) serves at once. Each one renders a page in memory whose
+// MaxConcurrentScrapes bounds the requests the metrics port (/metrics) and
+// the status page's port (/debug/status) serve at once, together. Each one renders a page in memory whose
 // size grows with the endpoints and classes (about 300 bytes per endpoint
 // on each page), and a scraper that reads slowly keeps its copy alive: a
 // handful of Prometheus replicas, a dashboard and `laneway status` fit

@@ -44,9 +44,10 @@ const (
 )
 
 // Server is a running endpoint picker: the ext_proc gRPC server, the health
-// server, the metrics server (at most MaxConcurrentScrapes requests at
-// once), the pprof server when --pprof-port asks for it (on --pprof-bind,
-// loopback by default), and the dispatcher loop. Run serves them, runs
+// server, the metrics server and the status page's (on --status-bind,
+// loopback by default; at most MaxConcurrentScrapes requests at once
+// between them), the pprof server when --pprof-port asks for it (on
+// --pprof-bind, loopback by default), and the dispatcher loop. Run serves them, runs
 // the picker's other parts beside them and drains them in order.
 type Server struct {
 	opts    *Options
@@ -76,6 +77,9 @@ type Server struct {
 	grpcLn, healthLn, metricsLn net.Listener
 	grpcSrv, healthSrv          *grpc.Server
 	metricsSrv                  *http.Server
+	// statusLn and statusSrv are nil with --status-port=-1.
+	statusLn  net.Listener
+	statusSrv *http.Server
 	// pprofLn and pprofSrv are nil unless --pprof-port is set.
 	pprofLn  net.Listener
 	pprofSrv *http.Server
@@ -137,11 +141,17 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 		s.tlsCfg = cfg
 	}
 	creds = append(creds, grpc.MaxRecvMsgSize(opts.MaxBodyBytes+(1<<20)))
+	if opts.MaxStreams > 0 {
+		// Per connection as well as in all: HTTP/2 refuses a stream past
+		// it before a goroutine is spent on it, and a gateway opens
+		// another connection instead.
+		creds = append(creds, grpc.MaxConcurrentStreams(uint32(opts.MaxStreams)))
+	}
 	creds = append(creds, TransportOptions()...)
 	s.grpcSrv = grpc.NewServer(creds...)
 	notReady := ReasonNotReady
 	s.notServing.Store(&notReady) // health is set up below
-	h := &Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel, Identity: d.Identity,
+	h := &Handler{Parser: parser, Dispatcher: d, Gate: s.gate, Hooks: s.intel, Identity: d.Identity, IgnoreClientHints: !opts.TrustClientHints,
 		WaitEstimate: cachedEstimate(func(class string) time.Duration { return s.status.Class(class).WaitP50 }, time.Second, time.Now)}
 	s.handler = h
 	s.ext = extproc.NewServer(h, extproc.Options{
@@ -149,6 +159,9 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 		// MaxHeldBodyBytes is set by Complete; tests that skip it get
 		// extproc's default.
 		MaxHeldBodyBytes: opts.MaxHeldBodyBytes,
+		MaxHeaderBytes:   opts.MaxHeaderBytes,
+		BodyTimeout:      offIfZero(opts.BodyTimeout),
+		MaxStreams:       offIfZero(opts.MaxStreams),
 		Logger:           log.WithName("extproc"),
 		Observer:         s.metrics,
 		HeaderPickOnly:   opts.HeaderPickOnly,
@@ -180,13 +193,23 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 	s.setServing(false)
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
 
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
-	mux.Handle(status.Path, status.Handler(d, s.status))
+	// One bound for the metrics page and the status page together, each on
+	// its own listener: the status page names tenants and endpoint
+	// addresses, so it is not on the metrics port, which listens with the
+	// other servers and which a Service exposes (SPEC §15).
+	pages := http.NewServeMux()
+	pages.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	pages.Handle(status.Path, status.Handler(d, s.status))
+	bounded := boundScrapes(pages, MaxConcurrentScrapes)
 	s.reg.MustRegister(status.Collector{T: s.status})
+	serveOnly := func(path string) http.Handler {
+		mux := http.NewServeMux()
+		mux.Handle(path, bounded)
+		return mux
+	}
 	// IdleTimeout closes keep-alive connections no scraper reuses: the
 	// scrape bound counts requests, not connections.
-	s.metricsSrv = &http.Server{Handler: boundScrapes(mux, MaxConcurrentScrapes), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 5 * time.Minute}
+	s.metricsSrv = &http.Server{Handler: serveOnly("/metrics"), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 5 * time.Minute}
 
 	type listener struct {
 		flag string
@@ -201,6 +224,10 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 	}
 	if s.replicaSrv != nil {
 		listeners = append(listeners, listener{"--replica-port", opts.BindAddress, opts.ReplicaPort, &s.replicaLn})
+	}
+	if opts.StatusPort >= 0 {
+		s.statusSrv = &http.Server{Handler: serveOnly(status.Path), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 5 * time.Minute}
+		listeners = append(listeners, listener{"--status-port", opts.StatusBind, opts.StatusPort, &s.statusLn})
 	}
 	if opts.PprofPort > 0 {
 		s.pprofSrv = pprofServer()
@@ -217,9 +244,18 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 	return s, nil
 }
 
+// offIfZero maps a flag's 0 ("no limit") to extproc's -1 (off), whose 0
+// means its default.
+func offIfZero[T ~int | ~int64](v T) T {
+	if v == 0 {
+		return -1
+	}
+	return v
+}
+
 // closeListeners releases the ports of a server that will not run.
 func (s *Server) closeListeners() {
-	for _, ln := range []net.Listener{s.grpcLn, s.healthLn, s.metricsLn, s.pprofLn, s.replicaLn} {
+	for _, ln := range []net.Listener{s.grpcLn, s.healthLn, s.metricsLn, s.statusLn, s.pprofLn, s.replicaLn} {
 		if ln != nil {
 			ln.Close()
 		}
@@ -279,6 +315,14 @@ func (s *Server) ReplicaAddr() string {
 // Addrs returns the bound ext_proc, health and metrics addresses.
 func (s *Server) Addrs() (grpcAddr, healthAddr, metricsAddr string) {
 	return s.grpcLn.Addr().String(), s.healthLn.Addr().String(), s.metricsLn.Addr().String()
+}
+
+// StatusAddr returns the status page's bound address, "" when it is off.
+func (s *Server) StatusAddr() string {
+	if s.statusLn == nil {
+		return ""
+	}
+	return s.statusLn.Addr().String()
 }
 
 // SetReady sets readiness (for example from leader election). A server
@@ -424,6 +468,9 @@ func (s *Server) Run(ctx context.Context, parts ...manager.Runnable) error {
 	shutCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = s.metricsSrv.Shutdown(shutCtx)
+	if s.statusSrv != nil {
+		_ = s.statusSrv.Shutdown(shutCtx)
+	}
 	if s.pprofSrv != nil {
 		_ = s.pprofSrv.Close() // profiles in progress are not worth waiting for
 	}
@@ -456,6 +503,9 @@ func (s *Server) serve() <-chan error {
 		}
 	}
 	go httpServe(s.metricsSrv, s.metricsLn)
+	if s.statusSrv != nil {
+		go httpServe(s.statusSrv, s.statusLn)
+	}
 	if s.pprofSrv != nil {
 		s.log.Info("serving pprof", "address", s.pprofLn.Addr().String())
 		go httpServe(s.pprofSrv, s.pprofLn)

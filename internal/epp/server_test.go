@@ -25,7 +25,7 @@ import (
 func testOptions(configure func(*Options)) *Options {
 	o := NewOptions()
 	o.BindAddress = "127.0.0.1"
-	o.GRPCPort, o.GRPCHealthPort, o.MetricsPort = 0, 0, 0
+	o.GRPCPort, o.GRPCHealthPort, o.MetricsPort, o.StatusPort = 0, 0, 0, 0
 	o.SecureServing = false
 	o.Intel.ScrapeMetrics = false
 	o.ShutdownDelay = 0

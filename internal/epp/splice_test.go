@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,7 +33,8 @@ func TestSplicePriority(t *testing.T) {
 		{"insert into empty object", ` { } `, ` {"priority":3 } `, 3, false},
 		{"replace keeps the rest byte for byte", `{"a": 1.50e0, "priority" : 7 ,"z":[1, {"priority":9}]}`, `{"a": 1.50e0, "priority" : 12 ,"z":[1, {"priority":9}]}`, 12, false},
 		{"nested members are not touched", `{"nvext":{"priority":1},"x":"priority"}`, `{"priority":-2147483648,"nvext":{"priority":1},"x":"priority"}`, -2147483648, false},
-		{"replace every duplicate", `{"priority":1,"b":{},"priority":"x"}`, `{"priority":4,"b":{},"priority":4}`, 4, false},
+		{"keep only the last of duplicates", `{"priority":1,"b":{},"priority":"x"}`, `{"b":{},"priority":4}`, 4, false},
+		{"duplicates next to each other, with spaces", `{ "priority" : 1 , "priority":2 ,"priority":3}`, `{  "priority":9}`, 9, false},
 		{"escaped key", `{"priorit\u0079":null}`, `{"priorit\u0079":0}`, 0, false},
 		{"strings with braces and escapes", `{"s":"}\"{[","priority":[1,2]}`, `{"s":"}\"{[","priority":5}`, 5, false},
 		{"not an object", `[1,2]`, ``, 1, true},
@@ -65,13 +67,62 @@ func TestSplicePriority(t *testing.T) {
 	}
 }
 
+// TestSpliceKeepsOnePriority: a body of many top-level priority members
+// (the audit's 16 MiB body had 1.29 million) is forwarded with one, the
+// last one's place, so the replacement is never more than the digits of
+// the new value longer than the body: it cannot pass --max-body-bytes or
+// the held-bytes budget by more than that.
+func TestSpliceKeepsOnePriority(t *testing.T) {
+	const members = 100_000
+	body := []byte("{" + strings.Repeat(`"priority":0,`, members) + `"prompt":"hi","priority":0}`)
+	at, err := spansOf(body)
+	if err != nil || len(at.Values) != members+1 {
+		t.Fatalf("parse: %v, %d priority members; want %d", err, len(at.Values), members+1)
+	}
+	got, ok := splicePriority(body, at, -2147483648)
+	if !ok {
+		t.Fatal("spans do not fit")
+	}
+	if want := `{"prompt":"hi","priority":-2147483648}`; string(got) != want {
+		t.Fatalf("got %.200s (%d bytes), want %s", got, len(got), want)
+	}
+}
+
+// TestDropPriority: without a priority to forward, every top-level
+// priority member goes, wherever it is, with one comma; nested ones stay.
+func TestDropPriority(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{`{"priority":1}`, `{}`},
+		{` { "priority" : 1 } `, ` {  } `},
+		{`{"priority":1,"a":2}`, `{"a":2}`},
+		{`{"a":2,"priority":1}`, `{"a":2}`},
+		{`{"a":2 , "priority":1 }`, `{"a":2   }`},
+		{`{"priority":1,"priority":2}`, `{}`},
+		{`{"a":0,"priority":1,"priority":2}`, `{"a":0}`},
+		{`{"priority":1,"a":0,"priority":2,"b":{"priority":3},"priority":4}`, `{"a":0,"b":{"priority":3}}`},
+		{`{"a":0}`, ``}, // nothing to drop: the body goes unchanged
+	}
+	for _, tc := range cases {
+		at, err := spansOf([]byte(tc.in))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.in, err)
+		}
+		got, ok := dropPriority([]byte(tc.in), at)
+		if !ok || string(got) != tc.want {
+			t.Errorf("drop from %s: %q (fit %t), want %q", tc.in, got, ok, tc.want)
+		}
+	}
+}
+
 func TestSplicePriorityRejectsSpansThatDoNotFit(t *testing.T) {
 	body := []byte(`{"priority":1}`)
 	for _, at := range []tokenize.PrioritySpans{
 		{Open: 3},
 		{Open: len(body)},
-		{Open: 0, Values: []tokenize.Span{{Start: 12, End: 20}}},
-		{Open: 0, Values: []tokenize.Span{{Start: 12, End: 13}, {Start: 2, End: 3}}},
+		{Open: 0, Values: []tokenize.Span{{Start: 12, End: 20}}, Keys: []int{1}},
+		{Open: 0, Values: []tokenize.Span{{Start: 12, End: 13}, {Start: 2, End: 3}}, Keys: []int{1, 1}},
+		{Open: 0, Values: []tokenize.Span{{Start: 12, End: 13}}},                  // no key
+		{Open: 0, Values: []tokenize.Span{{Start: 12, End: 13}}, Keys: []int{13}}, // key after its value
 	} {
 		if out, ok := splicePriority(body, &at, 5); ok {
 			t.Errorf("spans %+v spliced into %s", at, out)
@@ -136,9 +187,11 @@ func memberBodies() []string {
 }
 
 // FuzzSplicePriority checks the splice against encoding/json on every body
-// the parser accepts: afterwards every top-level priority member holds v
-// (or one was inserted first), and every other member is byte for byte
-// what it was.
+// the parser accepts: afterwards exactly one top-level priority member is
+// left, where the last one was (or inserted first), holding v; every
+// other member is byte for byte what it was; and the body grew by no more
+// than the inserted member. Dropping the priority leaves every other
+// member as it was, and no priority.
 func FuzzSplicePriority(f *testing.F) {
 	for _, b := range memberBodies() {
 		f.Add([]byte(b), int64(-7))
@@ -161,24 +214,51 @@ func FuzzSplicePriority(f *testing.F) {
 			t.Fatalf("spliced body is not a JSON object: %v", err)
 		}
 		want := strconv.FormatInt(v, 10)
-		has := false
-		for _, k := range keys {
-			has = has || k == "priority"
-		}
-		if !has {
-			keys, values = append([]string{"priority"}, keys...), append([]string{want}, values...)
-		}
-		if len(gotKeys) != len(keys) {
-			t.Fatalf("keys %q, want %q", gotKeys, keys)
-		}
-		for i := range keys {
-			wantValue := values[i]
-			if keys[i] == "priority" {
-				wantValue = want
+		lastAt := -1
+		for i, k := range keys {
+			if k == "priority" {
+				lastAt = i
 			}
-			if gotKeys[i] != keys[i] || gotValues[i] != wantValue {
-				t.Fatalf("member %d: %q: %s, want %q: %s", i, gotKeys[i], gotValues[i], keys[i], wantValue)
+		}
+		var wantKeys, wantValues []string
+		if lastAt < 0 {
+			wantKeys, wantValues = []string{"priority"}, []string{want}
+		}
+		for i, k := range keys {
+			switch {
+			case i == lastAt:
+				wantKeys, wantValues = append(wantKeys, k), append(wantValues, want)
+			case k != "priority":
+				wantKeys, wantValues = append(wantKeys, k), append(wantValues, values[i])
 			}
+		}
+		if !slices.Equal(gotKeys, wantKeys) || !slices.Equal(gotValues, wantValues) {
+			t.Fatalf("members %q: %q, want %q: %q", gotKeys, gotValues, wantKeys, wantValues)
+		}
+		if limit := len(body) + len(`"priority":,`) + len(want); len(out) > limit {
+			t.Fatalf("spliced body of %d bytes, more than %d (%d and the member)", len(out), limit, len(body))
+		}
+
+		// Without a priority to forward every top-level one goes.
+		dropped, ok := dropPriority(body, at)
+		if !ok {
+			t.Fatalf("spans %+v do not fit the body", at)
+		}
+		if dropped == nil {
+			dropped = body
+		}
+		gotKeys, gotValues, err = decoderMembers(dropped)
+		if err != nil {
+			t.Fatalf("body without its priority is not a JSON object: %v\n%s", err, dropped)
+		}
+		wantKeys, wantValues = nil, nil
+		for i, k := range keys {
+			if k != "priority" {
+				wantKeys, wantValues = append(wantKeys, k), append(wantValues, values[i])
+			}
+		}
+		if !slices.Equal(gotKeys, wantKeys) || !slices.Equal(gotValues, wantValues) {
+			t.Fatalf("members without priority %q: %q, want %q: %q", gotKeys, gotValues, wantKeys, wantValues)
 		}
 	})
 }

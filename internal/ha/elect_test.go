@@ -165,3 +165,30 @@ func TestElectorTerms(t *testing.T) {
 		t.Fatal("a term started after its end ran the leader's work")
 	}
 }
+
+// FuzzParseHolder: a Lease holder string is anyone's to write (whoever
+// may update the Lease), and a follower dials what it names. parseHolder
+// never panics; what it accepts is a host and port that net.SplitHostPort
+// takes, and the identity this replica builds from its parts parses back
+// to them.
+func FuzzParseHolder(f *testing.F) {
+	for _, s := range []string{"epp-0_10.0.0.7:9002_0123456789abcdef0123456789abcdef", "a_[fd00::1]:9002_x", "_:_", "a__b", "a_b_c_d", "", "___", "a_host:1_", "a_10.0.0.1_t"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		addr, tag, ok := parseHolder(id)
+		if !ok {
+			return
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			t.Fatalf("parseHolder(%q) accepted address %q: %v", id, addr, err)
+		}
+		if strings.Contains(tag, "_") {
+			t.Fatalf("parseHolder(%q): tag %q holds the separator", id, tag)
+		}
+		a2, t2, ok2 := parseHolder(holderIdentity("pod", addr, tag))
+		if !ok2 || a2 != addr || t2 != tag {
+			t.Fatalf("identity of %q, %q parses to %q, %q, %v", addr, tag, a2, t2, ok2)
+		}
+	})
+}

@@ -97,25 +97,36 @@ func (m *Metrics) Decided(l *sched.Leave) {
 	}
 }
 
-// HeldBytes is what RegisterHeldBytes reads: the ext_proc server's body
-// budget.
+// HeldBytes is what RegisterHeldBytes reads: the ext_proc server's
+// held-bytes budget and its open streams.
 type HeldBytes interface {
 	HeldBodyBytes() int64
+	HeldHeaderBytes() int64
 	MaxHeldBodyBytes() int64
+	OpenStreams() int64
 }
 
-// RegisterHeldBytes registers the held-body gauges, read from h at scrape
-// time: laneway_held_body_bytes and laneway_held_body_bytes_limit.
+// RegisterHeldBytes registers the held-bytes gauges, read from h at
+// scrape time: laneway_held_body_bytes, laneway_held_header_bytes,
+// laneway_held_body_bytes_limit and laneway_extproc_streams_open.
 func RegisterHeldBytes(reg prometheus.Registerer, h HeldBytes) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "laneway_held_body_bytes",
-			Help: "Request body bytes held (or reserved from content-length) by requests whose body has not been passed back to the gateway yet, and on an HA follower the copies of forwarded streams the leader has not answered.",
+			Help: "Request body bytes held by requests whose body has not been passed back to the gateway yet (their buffers: what arrived, and at most 64 KiB or as much again beyond it), and on an HA follower the copies of forwarded streams the leader has not answered.",
 		}, func() float64 { return float64(h.HeldBodyBytes()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "laneway_held_header_bytes",
+			Help: "Request header bytes held by the open ext_proc streams; they count against laneway_held_body_bytes_limit with the bodies.",
+		}, func() float64 { return float64(h.HeldHeaderBytes()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "laneway_held_body_bytes_limit",
-			Help: "The budget of laneway_held_body_bytes (--max-held-body-bytes); a request that would pass it gets 429 held_bytes.",
+			Help: "The budget of laneway_held_body_bytes and laneway_held_header_bytes together (--max-held-body-bytes); a request that would pass it gets 429 held_bytes.",
 		}, func() float64 { return float64(h.MaxHeldBodyBytes()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "laneway_extproc_streams_open",
+			Help: "ext_proc streams open on this replica's handler; past --max-streams one more gets 429 stream_limit.",
+		}, func() float64 { return float64(h.OpenStreams()) }),
 	)
 }
 
@@ -139,13 +150,15 @@ var (
 		"Prompt tokens this picker sent to an endpoint that have not yet produced a first response byte.", []string{"endpoint"}, nil)
 	inFlightDesc = prometheus.NewDesc("laneway_endpoint_in_flight_requests",
 		"Requests this picker sent to an endpoint that have not finished.", []string{"endpoint"}, nil)
+	autoThresholdDesc = prometheus.NewDesc("laneway_endpoint_prefill_busy_threshold_tokens",
+		"The auto prefill busy threshold in force at an endpoint (classes with prefill_busy_threshold auto); absent when no class has one.", []string{"endpoint"}, nil)
 )
 
 // collector reads the dispatcher snapshot at scrape time.
 type collector Metrics
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pendingReqDesc, pendingISLDesc, pendingCachedDesc, deficitDesc, tenantsDesc, activePrefillDesc, inFlightDesc} {
+	for _, d := range []*prometheus.Desc{pendingReqDesc, pendingISLDesc, pendingCachedDesc, deficitDesc, tenantsDesc, activePrefillDesc, inFlightDesc, autoThresholdDesc} {
 		ch <- d
 	}
 }
@@ -171,5 +184,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for _, e := range s.Endpoints {
 		ch <- prometheus.MustNewConstMetric(activePrefillDesc, prometheus.GaugeValue, float64(e.ActivePrefill), e.Addr)
 		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(e.InFlight), e.Addr)
+		if e.HasAuto {
+			ch <- prometheus.MustNewConstMetric(autoThresholdDesc, prometheus.GaugeValue, float64(e.AutoThreshold), e.Addr)
+		}
 	}
 }

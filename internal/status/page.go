@@ -12,7 +12,8 @@ import (
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
-// Path is where the status page is served on the metrics port.
+// Path is where the status page is served on its own port (--status-port),
+// never on the metrics port.
 const Path = "/debug/status"
 
 // TopN is how many tenants per class the page lists in each ranking.
@@ -79,6 +80,9 @@ type EndpointStatus struct {
 	// learned from the engine's prompt-token counter (tokens/s, 0 unknown).
 	AwaitingEngine int     `json:"awaiting_engine"`
 	PrefillRate    float64 `json:"prefill_rate_tokens_per_second"`
+	// AutoThreshold is the endpoint's auto prefill busy threshold in
+	// tokens; absent (0) when no class of the policy has one.
+	AutoThreshold uint64 `json:"auto_threshold_tokens,omitempty"`
 }
 
 // Source is the dispatcher as the page reads it.
@@ -121,7 +125,7 @@ func Build(src Source, t *Tracker) (Page, bool) {
 		p.Endpoints = append(p.Endpoints, EndpointStatus{
 			Addr: e.Addr, ActivePrefillTokens: e.ActivePrefill, InFlight: e.InFlight, Busy: e.Busy, Stale: e.Stale,
 			Tainted: e.Tainted, EngineWaiting: e.EngineWaiting, UnseenWaiting: e.UnseenWaiting, MaxBatchedTokens: e.MaxBatchedTokens,
-			AwaitingEngine: e.AwaitingEngine, PrefillRate: e.PrefillRate,
+			AwaitingEngine: e.AwaitingEngine, PrefillRate: e.PrefillRate, AutoThreshold: e.AutoThreshold,
 		})
 	}
 	return p, true

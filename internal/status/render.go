@@ -42,21 +42,28 @@ func Render(w io.Writer, p *Page) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "%-26s %10s %8s %-12s %8s %8s %8s %10s\n", "endpoint", "prefill", "inflight", "state", "waiting", "unseen", "awaiting", "rate/s")
+	// 80 columns: an IPv4 address with its port fits the first 21.
+	fmt.Fprintf(w, "%-21s %6s %8s %-10s %4s %6s %5s %6s %6s\n", "endpoint", "prefill", "inflight", "state", "wait", "unseen", "await", "rate/s", "thresh")
 	for _, e := range p.Endpoints {
 		state := "ok"
 		switch {
 		case e.Stale:
 			state = "stale"
 		case e.Tainted && e.Busy:
-			state = "tainted,busy"
+			state = "taint,busy"
 		case e.Tainted:
 			state = "tainted"
 		case e.Busy:
 			state = "busy"
 		}
-		fmt.Fprintf(w, "%-26s %10s %8d %-12s %8d %8d %8d %10s\n", clip(e.Addr, 26), human(e.ActivePrefillTokens), e.InFlight, state,
-			e.EngineWaiting, e.UnseenWaiting, e.AwaitingEngine, human(uint64(e.PrefillRate)))
+		// The threshold column is the auto threshold in force ("-" when
+		// no class has one: the classes' own thresholds are in the policy).
+		threshold := "-"
+		if e.AutoThreshold > 0 {
+			threshold = human(e.AutoThreshold)
+		}
+		fmt.Fprintf(w, "%-21s %6s %8d %-10s %4d %6d %5d %6s %6s\n", clip(e.Addr, 21), human(e.ActivePrefillTokens), e.InFlight, state,
+			e.EngineWaiting, e.UnseenWaiting, e.AwaitingEngine, human(uint64(e.PrefillRate)), threshold)
 	}
 }
 

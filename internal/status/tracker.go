@@ -2,6 +2,7 @@ package status
 
 import (
 	"cmp"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -15,23 +16,37 @@ const Window = time.Minute
 
 // Tracker records the picker's decisions for the status page. Decided runs
 // on the dispatcher's loop; reads come from HTTP handlers and scrapes.
+//
+// The loop must never wait long for a reader: a reader holds the lock
+// only to take a snapshot, pointers to the window's seconds and a copy of
+// the one second the loop still writes, and sums up outside it. That
+// works because a second is written only while it is the latest one
+// Decided saw (last): a new second gets a new bucket, never a cleared
+// old one, so every other bucket is immutable once a reader holds it.
+// The snapshot thus costs O(classes × 60) plus the tenants of the current
+// second, however many tenants the minute had.
 type Tracker struct {
 	mu      sync.Mutex
 	now     func() time.Time
 	classes map[string]*classWindow
+	last    int64 // the latest unix second Decided wrote: the only one still written
+
+	// readHook, when set (tests), runs in every read once the snapshot is
+	// taken and the lock let go.
+	readHook func()
 }
 
 // classWindow is one class's last minute, one bucket per second (a ring
-// indexed by the second modulo its length).
+// indexed by the second modulo its length; nil is empty).
 type classWindow struct {
-	secs [windowSecs]second
+	secs [windowSecs]*second
 }
 
 const windowSecs = int(Window / time.Second)
 
 // second is one second of one class's decisions.
 type second struct {
-	at         int64 // unix second the bucket holds; 0 = empty
+	at         int64 // unix second the bucket holds
 	dispatched uint64
 	rejected   uint64
 	waits      hist
@@ -55,14 +70,20 @@ func (t *Tracker) Decided(l *sched.Leave) {
 	at := t.now().Unix()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	// A clock that steps back writes into the latest second: the ones
+	// before it are immutable (see Tracker).
+	at = max(at, t.last)
+	t.last = at
 	cw := t.classes[l.Class]
 	if cw == nil {
 		cw = &classWindow{}
 		t.classes[l.Class] = cw
 	}
-	s := &cw.secs[at%int64(windowSecs)]
-	if s.at != at {
-		s.reset(at)
+	idx := at % int64(windowSecs)
+	s := cw.secs[idx]
+	if s == nil || s.at != at {
+		s = &second{at: at}
+		cw.secs[idx] = s
 	}
 	if l.Grant == nil {
 		s.rejected++
@@ -85,11 +106,31 @@ func (t *Tracker) Decided(l *sched.Leave) {
 	}
 }
 
-func (s *second) reset(at int64) {
-	*s = second{at: at, served: s.served, backlogged: s.backlogged, weight: s.weight}
-	clear(s.served)
-	clear(s.backlogged)
-	clear(s.weight)
+// clone copies a second the loop may still write.
+func (s *second) clone() *second {
+	c := *s
+	c.served, c.backlogged, c.weight = maps.Clone(s.served), maps.Clone(s.backlogged), maps.Clone(s.weight)
+	return &c
+}
+
+// snapshot returns class name's seconds as they are now, safe to read
+// without the lock (see Tracker); ok is false for a class without any.
+func (t *Tracker) snapshot(name string) (secs [windowSecs]*second, ok bool) {
+	t.mu.Lock()
+	cw := t.classes[name]
+	if cw != nil {
+		secs = cw.secs
+		for i, s := range secs {
+			if s != nil && s.at == t.last {
+				secs[i] = s.clone()
+			}
+		}
+	}
+	t.mu.Unlock()
+	if t.readHook != nil {
+		t.readHook()
+	}
+	return secs, cw != nil
 }
 
 // ClassWindow is one class's last minute as the status page shows it.
@@ -116,24 +157,22 @@ type TenantTokens struct {
 	Tokens uint64
 }
 
-// Class returns class name's last minute.
+// Class returns class name's last minute. The sums are made outside the
+// lock the dispatcher's loop takes (see Tracker).
 func (t *Tracker) Class(name string) ClassWindow {
-	cutoff := t.now().Unix() - int64(windowSecs)
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	var out ClassWindow
-	cw := t.classes[name]
-	if cw == nil {
+	secs, ok := t.snapshot(name)
+	if !ok {
 		out.Jain = math.NaN()
 		return out
 	}
+	cutoff := t.now().Unix() - int64(windowSecs)
 	var h hist
 	served := map[string]uint64{}
 	weight := map[string]uint64{}
 	backlogged := map[string]bool{}
-	for i := range cw.secs {
-		s := &cw.secs[i]
-		if s.at <= cutoff {
+	for _, s := range secs {
+		if s == nil || s.at <= cutoff {
 			continue
 		}
 		out.Dispatched += s.dispatched
@@ -169,11 +208,11 @@ func (t *Tracker) Class(name string) ClassWindow {
 // Classes lists the classes with decisions in the tracker.
 func (t *Tracker) Classes() []string {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	names := make([]string, 0, len(t.classes))
 	for k := range t.classes {
 		names = append(names, k)
 	}
+	t.mu.Unlock()
 	slices.Sort(names)
 	return names
 }

@@ -110,11 +110,19 @@ func NewReloader(dir string, onReload func(error)) (*Reloader, error) {
 	r := &Reloader{w: watched[*tls.Certificate]{
 		paths: []string{certPath, keyPath},
 		load: func() (*tls.Certificate, error) {
-			cert, err := tls.LoadX509KeyPair(certPath, keyPath)
+			certPEM, err := os.ReadFile(certPath)
+			if err != nil {
+				return nil, fmt.Errorf("load key pair: %w", err)
+			}
+			keyPEM, err := os.ReadFile(keyPath)
+			if err != nil {
+				return nil, fmt.Errorf("load key pair: %w", err)
+			}
+			cert, err := parsePair(certPEM, keyPEM)
 			if err != nil {
 				return nil, fmt.Errorf("load key pair %s, %s: %w", certPath, keyPath, err)
 			}
-			return &cert, nil
+			return cert, nil
 		},
 		onReload: onReload,
 	}}
@@ -170,9 +178,28 @@ func loadCABundle(path string) (*x509.CertPool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read CA bundle: %w", err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(data) {
-		return nil, fmt.Errorf("CA bundle %s: %w", path, errNoCertificates)
+	pool, err := parseCABundle(data)
+	if err != nil {
+		return nil, fmt.Errorf("CA bundle %s: %w", path, err)
 	}
 	return pool, nil
+}
+
+// parseCABundle reads a PEM bundle: at least one certificate.
+func parseCABundle(data []byte) (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, errNoCertificates
+	}
+	return pool, nil
+}
+
+// parsePair reads a PEM certificate chain and its private key, as a
+// mounted Secret's tls.crt and tls.key hold them.
+func parsePair(certPEM, keyPEM []byte) (*tls.Certificate, error) {
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	return &cert, nil
 }

@@ -89,37 +89,30 @@ func heldAnswer(t *testing.T, out *sink) heldBytesDetails {
 // against the budget.
 func TestHeldBodyAccounting(t *testing.T) {
 	const mib = 1 << 20
-	t.Run("content-length reserves at the headers, preallocates at most 1 MiB", func(t *testing.T) {
+	t.Run("content-length reserves nothing; the first buffer is at most 64 KiB, then doubles", func(t *testing.T) {
 		st, _ := budgetStream(64*mib, 0, pickOne)
 		headers(t, st, 15_000_000)
-		if got := st.s.HeldBodyBytes(); got != 15_000_000 {
-			t.Errorf("held after the headers %d, want the announced 15000000", got)
+		if got := st.s.HeldBodyBytes(); got != 0 {
+			t.Errorf("body bytes held after the headers %d, want 0: an announcement is not a body", got)
 		}
-		chunk(t, st, 1000, false)
-		if got := cap(st.req.Body); got != maxPrealloc {
-			t.Errorf("buffer capacity after the first chunk %d, want %d", got, maxPrealloc)
+		chunk(t, st, 1, false)
+		if got, c := st.s.HeldBodyBytes(), cap(st.req.Body); c != bodySlice || got != int64(c) {
+			t.Errorf("after one byte: capacity %d, held %d; want both %d", c, got, bodySlice)
 		}
-		for range 3 { // 1000 + 3 × 600000 bytes: past 1 MiB, doubles
+		for _, want := range []int{600_001, 1_200_002, 2_400_004} { // doubling, or the need when that is more
 			chunk(t, st, 600_000, false)
-		}
-		if got := cap(st.req.Body); got != 2*maxPrealloc {
-			t.Errorf("buffer capacity at 1.8 MB %d, want %d", got, 2*maxPrealloc)
-		}
-		if got := st.s.HeldBodyBytes(); got != 15_000_000 {
-			t.Errorf("held while receiving %d, want the reservation 15000000", got)
+			if got, c := st.s.HeldBodyBytes(), cap(st.req.Body); c != want || got != int64(c) {
+				t.Errorf("at %d bytes: capacity %d, held %d; want both %d", len(st.req.Body), c, got, want)
+			}
 		}
 	})
-	t.Run("an announced body that does not fit is refused at the headers", func(t *testing.T) {
+	t.Run("an announced body larger than the budget's room is not refused at the headers", func(t *testing.T) {
 		st, out := budgetStream(20*mib, 10*mib, pickOne)
-		if !headers(t, st, 15*mib) {
-			t.Fatal("stream goes on, want it answered")
+		if headers(t, st, 15*mib) || len(out.sent) != 0 {
+			t.Fatalf("stream answered %v at its headers, want it to go on", out.sent)
 		}
-		want := heldBytesDetails{LimitKind: "held_bytes", Current: 10 * mib, Limit: 20 * mib, Requested: 15 * mib}
-		if got := heldAnswer(t, out); got != want {
-			t.Errorf("details %+v, want %+v", got, want)
-		}
-		if st.outcome != OutcomeHeldBytes || st.s.HeldBodyBytes() != 10*mib {
-			t.Errorf("outcome %q held %d, want %q and the others' %d", st.outcome, st.s.HeldBodyBytes(), OutcomeHeldBytes, 10*mib)
+		if got := st.s.HeldBodyBytes(); got != 10*mib {
+			t.Errorf("body bytes held %d, want the others' %d", got, 10*mib)
 		}
 	})
 	t.Run("an unannounced body reserves its buffer as it grows", func(t *testing.T) {
@@ -131,23 +124,32 @@ func TestHeldBodyAccounting(t *testing.T) {
 			t.Errorf("held %d capacity %d, want both 2000", got, c)
 		}
 	})
-	t.Run("growth falls back to the exact need near the limit", func(t *testing.T) {
-		st, _ := budgetStream(3500, 0, pickOne)
+	t.Run("growth takes the room left near the limit, then refuses without a copy per chunk", func(t *testing.T) {
+		st, out := budgetStream(3500, 0, pickOne)
 		headers(t, st, -1)
+		room := 3500 - st.s.HeldHeaderBytes()
 		chunk(t, st, 2000, false)
 		chunk(t, st, 1000, false) // doubling would take 4000
-		if got, c := st.s.HeldBodyBytes(), cap(st.req.Body); got != 3000 || c != 3000 {
-			t.Errorf("held %d capacity %d, want both 3000", got, c)
+		if got, c := st.s.HeldBodyBytes(), cap(st.req.Body); got != room || int64(c) != room {
+			t.Errorf("held %d capacity %d, want both the room left, %d", got, c, room)
+		}
+		chunk(t, st, int(room)-3000, false) // fills the buffer, no growth
+		if len(out.sent) != 0 || int64(cap(st.req.Body)) != room {
+			t.Fatalf("filling the room: %d answers, capacity %d; want none and %d", len(out.sent), cap(st.req.Body), room)
+		}
+		if !chunk(t, st, 1, false) {
+			t.Error("one byte past the budget went in, want 429")
 		}
 	})
 	t.Run("a body that outgrows the budget is refused mid-body", func(t *testing.T) {
 		st, out := budgetStream(3500, 0, pickOne)
 		headers(t, st, -1)
+		hdr := st.s.HeldHeaderBytes()
 		chunk(t, st, 3000, false)
 		if !chunk(t, st, 1000, false) {
 			t.Fatal("stream goes on, want it answered")
 		}
-		want := heldBytesDetails{LimitKind: "held_bytes", Current: 3000, Limit: 3500, Requested: 1000}
+		want := heldBytesDetails{LimitKind: "held_bytes", Current: 3000 + hdr, Limit: 3500, Requested: 1000}
 		if got := heldAnswer(t, out); got != want {
 			t.Errorf("details %+v, want %+v", got, want)
 		}
@@ -200,7 +202,7 @@ func TestHeldBodyAccounting(t *testing.T) {
 			t.Errorf("held %d after streaming it back, want 0", st.s.HeldBodyBytes())
 		}
 	})
-	t.Run("BUFFERED: reserved at the headers, released with the answer", func(t *testing.T) {
+	t.Run("BUFFERED: held from the body message, released with the answer", func(t *testing.T) {
 		var heldWhileDeciding int64
 		var st *stream
 		st, out := budgetStream(64*mib, 0, decideFunc(func(context.Context, *Request) (Decision, error) {
@@ -224,8 +226,8 @@ func TestHeldBodyAccounting(t *testing.T) {
 		if err := s.Process(in); err != nil {
 			t.Fatalf("Process: %v", err)
 		}
-		if in.heldAtEnd != 5000 || s.HeldBodyBytes() != 0 {
-			t.Errorf("held %d when the gateway left, %d after; want 5000 and 0", in.heldAtEnd, s.HeldBodyBytes())
+		if in.heldAtEnd != 5000 || s.HeldBodyBytes() != 0 || s.HeldHeaderBytes() != 0 {
+			t.Errorf("held %d when the gateway left, %d after (headers %d); want 5000 and 0 (0)", in.heldAtEnd, s.HeldBodyBytes(), s.HeldHeaderBytes())
 		}
 	})
 }
@@ -237,11 +239,16 @@ type script struct {
 	msgs      []*extprocv3.ProcessingRequest
 	s         *Server
 	heldAtEnd int64
+	onEnd     func() // when set, called instead of noting the body bytes
 }
 
 func (sc *script) Recv() (*extprocv3.ProcessingRequest, error) {
 	if len(sc.msgs) == 0 {
-		sc.heldAtEnd = sc.s.HeldBodyBytes()
+		if sc.onEnd != nil {
+			sc.onEnd()
+		} else {
+			sc.heldAtEnd = sc.s.HeldBodyBytes()
+		}
 		return nil, status.Error(codes.Canceled, "gateway went away")
 	}
 	m := sc.msgs[0]

@@ -26,9 +26,15 @@
 // answered, so the headers get an empty answer and the pick rides on the body
 // response (with the body mutation, if any); the decision is still made once.
 //
-// Bodies held by the streams are bounded together (Options.MaxHeldBodyBytes):
-// a body announced by content-length is reserved whole at the request
-// headers, others as their buffer grows; a request that would pass the
-// budget is answered 429 held_bytes, and a body is let go as soon as it has
-// been passed back to the gateway.
+// The request bytes held by the streams are bounded together
+// (Options.MaxHeldBodyBytes): the header block of every open stream, and
+// the body buffer of every stream not yet answered, counted as the bytes
+// arrive, never from what content-length announces; a request that would
+// pass the budget is answered 429 held_bytes, and a body is let go as soon
+// as it has been passed back to the gateway. A header block over
+// Options.MaxHeaderBytes is answered 431 and not kept; a body that has not
+// arrived within Options.BodyTimeout of its headers is answered 408 and
+// let go (a timer per body, recycled; its callback and the stream's
+// goroutine share one mutex for the body phase only); past
+// Options.MaxStreams open streams a new one is answered 429 stream_limit.
 package extproc

@@ -48,6 +48,25 @@ const (
 	DefaultMaxBodyBytes = 16 << 20
 )
 
+// DefaultMaxHeaderBytes is the default bound on a request's header block
+// (Options.MaxHeaderBytes): 64 KiB, above Envoy's own default limit of 60
+// KiB, so no request a default Envoy forwards is refused for it.
+const DefaultMaxHeaderBytes = 64 << 10
+
+// headerBytes is the size of a header block as the picker keeps it: each
+// name and its value (raw_value, else value).
+func headerBytes(hm *corev3.HeaderMap) int {
+	n := 0
+	for _, h := range hm.GetHeaders() {
+		v := len(h.GetRawValue())
+		if v == 0 {
+			v = len(h.GetValue())
+		}
+		n += len(h.GetKey()) + v
+	}
+	return n
+}
+
 // headerMap flattens a HeaderMap: lower-cased names, first value wins, and
 // a value is raw_value (what Envoy sends) or, when that is empty, value
 // (older clients). The

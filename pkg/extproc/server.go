@@ -1,9 +1,13 @@
 package extproc
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -25,9 +29,18 @@ const (
 	OutcomeRejected = "rejected"
 	// OutcomeBodyTooLarge: the request body exceeded Options.MaxBodyBytes (400).
 	OutcomeBodyTooLarge = "body_too_large"
-	// OutcomeHeldBytes: the request body would have passed
+	// OutcomeHeldBytes: the request's headers or body would have passed
 	// Options.MaxHeldBodyBytes (429 held_bytes).
 	OutcomeHeldBytes = "held_bytes"
+	// OutcomeHeadersTooLarge: the request headers exceeded
+	// Options.MaxHeaderBytes (431).
+	OutcomeHeadersTooLarge = "headers_too_large"
+	// OutcomeBodyTimeout: the request body did not arrive within
+	// Options.BodyTimeout (408).
+	OutcomeBodyTimeout = "body_timeout"
+	// OutcomeStreamLimit: Options.MaxStreams streams were open already
+	// (429 stream_limit).
+	OutcomeStreamLimit = "stream_limit"
 	// OutcomeDeciderError: the Decider failed with an error that is not a
 	// Reply (503).
 	OutcomeDeciderError = "decider_error"
@@ -53,13 +66,31 @@ type Options struct {
 	// MaxBodyBytes bounds the request body; a larger body is answered with
 	// 400. Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int
-	// MaxHeldBodyBytes bounds the request body bytes held by all streams
-	// that have not yet passed their body back to the gateway: received,
-	// or announced by content-length and reserved at the headers. A
-	// request that would pass it is answered 429 held_bytes, at its
-	// headers when it announces its length; bytes already held are never
-	// given up for it. Zero means DefaultMaxHeldBodyBytes.
+	// MaxHeldBodyBytes bounds the request bytes held by all streams: the
+	// header block of every open stream, and the body buffer of every
+	// stream that has not yet passed its body back to the gateway (what
+	// arrived, and at most bodySlice more, or twice what arrived; never
+	// what content-length merely announces). A request that would pass it
+	// is answered 429 held_bytes, at its headers or mid-body; bytes
+	// already held are never given up for it. Zero means
+	// DefaultMaxHeldBodyBytes.
 	MaxHeldBodyBytes int64
+	// MaxHeaderBytes bounds one request's header block (names and
+	// values); a larger one is answered 431 headers_too_large without
+	// being kept. Zero means DefaultMaxHeaderBytes.
+	MaxHeaderBytes int
+	// BodyTimeout bounds the arrival of a request body, from the request
+	// headers to the body's last byte: a stream whose body has not
+	// arrived by then is answered 408 body_timeout and lets go of what it
+	// held, so a client that stalls cannot keep budget it does not use.
+	// The wait in the queue is not part of it. Zero means
+	// DefaultBodyTimeout; negative turns it off.
+	BodyTimeout time.Duration
+	// MaxStreams bounds the streams open at once: one more is answered
+	// 429 stream_limit at its request headers. Every stream costs a
+	// goroutine and its buffers besides the budget's bytes. Zero means
+	// DefaultMaxStreams; negative turns it off.
+	MaxStreams int
 	// Logger receives per-stream diagnostics at verbosity 4 and protocol
 	// errors at verbosity 2. The zero Logger discards.
 	Logger logr.Logger
@@ -84,6 +115,14 @@ type Options struct {
 	RetryAfter time.Duration
 }
 
+// DefaultMaxStreams is Options.MaxStreams' default. A stream costs the
+// picker about 15 KiB besides its headers and body (its goroutine, gRPC's
+// buffers, the stream's state; measured: 14 KiB per idle stream), so
+// 20,000 open streams cost some 300 MiB: room for long queues with their
+// responses streaming, and under the memory of a 1 GiB pod with its
+// held-bytes budget.
+const DefaultMaxStreams = 20_000
+
 // DefaultRetryAfter is Options.RetryAfter's default: long enough that a
 // client honouring it does not hammer an overloaded picker, short enough
 // that a queue that drains in a moment is not left idle.
@@ -95,6 +134,10 @@ const DefaultRetryAfter = time.Second
 type Server struct {
 	decider        Decider
 	maxBody        int
+	maxHeader      int
+	bodyTimeout    time.Duration // <= 0: off
+	maxStreams     int64         // <= 0: none
+	open           atomic.Int64  // streams in Process now
 	held           budget
 	log            logr.Logger
 	obs            Observer
@@ -160,17 +203,36 @@ func NewServer(d Decider, opts Options) *Server {
 	if opts.MaxHeldBodyBytes <= 0 {
 		opts.MaxHeldBodyBytes = DefaultMaxHeldBodyBytes
 	}
-	return &Server{decider: d, maxBody: opts.MaxBodyBytes, held: budget{limit: opts.MaxHeldBodyBytes},
+	if opts.MaxHeaderBytes <= 0 {
+		opts.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if opts.BodyTimeout == 0 {
+		opts.BodyTimeout = DefaultBodyTimeout
+	}
+	if opts.MaxStreams == 0 {
+		opts.MaxStreams = DefaultMaxStreams
+	}
+	return &Server{decider: d, maxBody: opts.MaxBodyBytes, maxHeader: opts.MaxHeaderBytes, bodyTimeout: opts.BodyTimeout,
+		maxStreams: int64(opts.MaxStreams), held: budget{limit: opts.MaxHeldBodyBytes},
 		log: opts.Logger, obs: opts.Observer, headerPickOnly: opts.HeaderPickOnly,
 		conformance: opts.ConformanceHooks, retryAfter: opts.RetryAfter, picks: map[string]*extprocv3.ProcessingResponse{}}
 }
 
-// HeldBodyBytes returns the request body bytes the streams hold or have
-// reserved now (see Options.MaxHeldBodyBytes).
-func (s *Server) HeldBodyBytes() int64 { return s.held.held.Load() }
+// HeldBodyBytes returns the request body bytes the streams hold now (see
+// Options.MaxHeldBodyBytes), with the copies reserved through
+// ReserveHeldBodyBytes.
+func (s *Server) HeldBodyBytes() int64 { return s.held.held.Load() - s.held.hdr.Load() }
 
-// MaxHeldBodyBytes returns the limit of HeldBodyBytes.
+// HeldHeaderBytes returns the request header bytes the open streams hold
+// now, the other part of the budget.
+func (s *Server) HeldHeaderBytes() int64 { return s.held.hdr.Load() }
+
+// MaxHeldBodyBytes returns the limit of HeldBodyBytes and HeldHeaderBytes
+// together.
 func (s *Server) MaxHeldBodyBytes() int64 { return s.held.limit }
+
+// OpenStreams returns the streams open now (see Options.MaxStreams).
+func (s *Server) OpenStreams() int64 { return s.open.Load() }
 
 // ReserveHeldBodyBytes takes n bytes of the held-body budget for a layer
 // in front of the Server that keeps its own copy of request bytes while a
@@ -200,14 +262,47 @@ const ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
 // stream (also by cancelling it) and a gRPC status error on protocol
 // violations.
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	n := s.open.Add(1)
+	defer s.open.Add(-1)
+	if s.maxStreams > 0 && n > s.maxStreams {
+		return s.refuseStream(srv, n-1)
+	}
 	st := stream{s: s, srv: srv, ctx: srv.Context(), outcome: OutcomeClientGone}
 	err := st.runContained()
+	st.stopBodyClock()
 	st.releaseBody()
+	st.releaseHeaders()
 	st.finish()
 	if s.obs != nil {
 		s.obs.StreamDone(st.outcome)
 	}
 	return err
+}
+
+// refuseStream answers a stream past Options.MaxStreams 429 stream_limit
+// at its first message (the gateway expects an answer to the request
+// headers), without reading the request: open streams were open when it
+// came.
+func (s *Server) refuseStream(srv extprocv3.ExternalProcessor_ProcessServer, open int64) error {
+	outcome := OutcomeClientGone
+	defer func() {
+		if s.obs != nil {
+			s.obs.StreamDone(outcome)
+		}
+	}()
+	if _, err := srv.Recv(); err != nil {
+		return nil
+	}
+	msg := fmt.Sprintf("the endpoint picker has %d streams open, the limit", open)
+	body, _ := json.Marshal(struct {
+		Error   string       `json:"error"`
+		Details limitDetails `json:"details"`
+	}{msg, limitDetails{LimitKind: "streams", Current: open, Limit: s.maxStreams}}) // cannot fail
+	if err := srv.Send(immediateResponse(http.StatusTooManyRequests, OutcomeStreamLimit, body, msg, s.retryAfter)); err != nil {
+		return nil
+	}
+	outcome = OutcomeStreamLimit
+	return nil
 }
 
 // recvDone reports whether a Recv error is the gateway ending the stream

@@ -36,11 +36,13 @@ type stream struct {
 	answered  bool // the request's one answer (pick or immediate response) was sent
 
 	req         Request
-	bodyHint    int    // content-length, when usable as the body's capacity
-	reserved    int64  // bytes of the server's body budget this stream holds
-	conformance bool   // the request carried the conformance selection header
-	pick        string // the first endpoint: the one the gateway is told to use
-	list        string // the joined endpoint list (pick and fallbacks)
+	bodyHint    int        // content-length, when usable as the body's capacity
+	reserved    int64      // bytes of the server's budget this stream holds for its body
+	hdrHeld     int64      // bytes of the server's budget this stream holds for its headers
+	clock       *bodyClock // times the body's arrival; nil outside the body phase
+	conformance bool       // the request carried the conformance selection header
+	pick        string     // the first endpoint: the one the gateway is told to use
+	list        string     // the joined endpoint list (pick and fallbacks)
 
 	dispatched bool      // the Decider returned a Decision
 	lc         Lifecycle // may be nil even when dispatched
@@ -72,8 +74,14 @@ func (st *stream) runContained() (err error) {
 		if r == nil {
 			return
 		}
+		// The body deadline must not answer too; if it already did, its
+		// answer is the stream's one.
+		fired := st.stopBodyClock()
 		st.s.log.Error(fmt.Errorf("panic: %v", r), "stream handler panicked; the stream is answered and the picker keeps serving",
 			"answered", st.answered, "stack", string(debug.Stack()))
+		if fired {
+			return
+		}
 		st.outcome = OutcomePanic
 		if st.answered {
 			err = status.Error(codes.Internal, "endpoint picker internal error")
@@ -110,6 +118,9 @@ func (st *stream) run() error {
 			}
 			st.reqMode, st.respMode = bodyModes(msg.GetProtocolConfig())
 		}
+		if st.clock != nil && !bodyPhase(msg) && st.stopBodyClock() {
+			return nil // the body deadline answered the stream
+		}
 		var end bool
 		switch r := msg.GetRequest().(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
@@ -133,6 +144,16 @@ func (st *stream) run() error {
 	}
 }
 
+// bodyPhase reports whether msg belongs to the request body phase: a body
+// chunk, or the trailers that end a body.
+func bodyPhase(msg *extprocv3.ProcessingRequest) bool {
+	switch msg.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestBody, *extprocv3.ProcessingRequest_RequestTrailers:
+		return true
+	}
+	return false
+}
+
 // bodyModes reads the body send modes from the protocol_config Envoy sends in
 // a stream's first message. Without one (older gateways, hand-written
 // clients) both directions are taken as FULL_DUPLEX_STREAMED, the mode the
@@ -150,6 +171,17 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		return true, st.protocolError(codes.InvalidArgument, "request headers sent twice")
 	}
 	st.gotHeader = true
+	// The header block is measured before it is copied: one too large is
+	// refused without keeping any of it, and the rest count against the
+	// budget for as long as the stream keeps them.
+	size := headerBytes(h.GetHeaders())
+	if size > st.s.maxHeader {
+		return true, st.sendHeadersTooLarge(size)
+	}
+	if held, ok := st.s.held.reserveHeaders(int64(size)); !ok {
+		return true, st.sendHeldBytes(held, int64(size))
+	}
+	st.hdrHeld = int64(size)
 	st.req.Headers = headerMap(h.GetHeaders())
 	st.req.Metadata = msg.GetMetadataContext()
 	st.req.Subset, st.req.HasSubset = subsetHint(st.req.Metadata)
@@ -166,74 +198,101 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 	}
 	switch st.reqMode {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED:
-		// An announced body is refused or reserved whole now, before its
-		// bytes arrive: a request that could not be held is told at once,
-		// and one that was admitted never loses its place halfway.
+		// An announced body too large for any budget is refused now. Its
+		// bytes are not reserved before they arrive: an announcement costs
+		// a client nothing, so reserving it would let one that never
+		// sends hold the budget against everyone (issue 22). The length
+		// only sizes the buffer, which grows as the bytes come.
 		if n, err := strconv.Atoi(st.req.Headers["content-length"]); err == nil && n > 0 {
 			if n > st.s.maxBody {
 				return true, st.sendBodyTooLarge(n)
 			}
-			if ok, err := st.hold(int64(n)); !ok {
-				return true, err
-			}
 			st.bodyHint = n
 		}
-		if st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-			// The buffer is made when a body turns out to come in several
-			// messages: the usual single-message body is kept as received.
-			return false, nil
+		if st.reqMode == filterv3.ProcessingMode_BUFFERED {
+			// Envoy sends the buffered body only after the headers are
+			// answered, so the headers get an empty answer now and the
+			// pick rides on the body response (header mutations on a body
+			// response take effect in BUFFERED mode).
+			if err := st.send(emptyRequestHeaders); err != nil {
+				return true, err
+			}
 		}
-		// Envoy sends the buffered body only after the headers are answered,
-		// so the headers get an empty answer now and the pick rides on the
-		// body response (header mutations on a body response take effect in
-		// BUFFERED mode).
-		return false, st.send(emptyRequestHeaders)
+		// The buffer is made when a body turns out to come in several
+		// messages: the usual single-message body is kept as received.
+		if st.s.bodyTimeout > 0 {
+			st.clock = startBodyClock(st, st.s.bodyTimeout)
+		}
+		return false, nil
 	}
 	return true, st.protocolError(codes.FailedPrecondition,
 		"request_body_mode %s is not supported; configure FULL_DUPLEX_STREAMED or BUFFERED", st.reqMode)
 }
 
 func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
+	complete, end, err := st.bodyMessage(b)
+	if end || err != nil || !complete {
+		return end, err
+	}
+	if st.reqMode == filterv3.ProcessingMode_BUFFERED {
+		return st.decideAndAnswer(answerBody, false)
+	}
+	return st.decideAndAnswer(answerHeadersAndBody, false)
+}
+
+// bodyMessage takes one body message in the body phase, under the body
+// clock: complete says the body is whole (the decision is next), end that
+// the stream has nothing left to do (it was answered, by this message or
+// by the deadline).
+func (st *stream) bodyMessage(b *extprocv3.HttpBody) (complete, end bool, err error) {
+	if !st.lockBody() {
+		return false, true, nil
+	}
+	defer func() { st.unlockBody(complete || end) }()
+	return st.takeBody(b)
+}
+
+// takeBody adds a body message to the request (see bodyMessage).
+func (st *stream) takeBody(b *extprocv3.HttpBody) (complete, end bool, err error) {
 	if !st.gotHeader || st.answered {
-		return true, st.protocolError(codes.InvalidArgument, "request body outside the request body phase")
+		return false, true, st.protocolError(codes.InvalidArgument, "request body outside the request body phase")
 	}
 	fault.At("request_body", st.req.Headers)
 	if len(st.req.Body)+len(b.GetBody()) > st.s.maxBody {
-		return true, st.sendBodyTooLarge(len(st.req.Body) + len(b.GetBody()))
+		return false, true, st.sendBodyTooLarge(len(st.req.Body) + len(b.GetBody()))
 	}
 	switch st.reqMode {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
 		if len(st.req.Body) == 0 && b.GetEndOfStream() {
 			// The common single-chunk body: kept as received, no copy.
 			if ok, err := st.hold(int64(len(b.GetBody()))); !ok {
-				return true, err
+				return false, true, err
 			}
 			st.req.Body = b.GetBody()
 		} else if ok, err := st.appendBody(b.GetBody()); !ok {
-			return true, err
+			return false, true, err
 		}
-		if !b.GetEndOfStream() {
-			return false, nil
-		}
-		return st.decideAndAnswer(answerHeadersAndBody, false)
+		return b.GetEndOfStream(), false, nil
 	case filterv3.ProcessingMode_BUFFERED:
 		// The whole body arrives in one message; end_of_stream is false only
 		// when trailers follow, which changes nothing here.
 		if ok, err := st.hold(int64(len(b.GetBody()))); !ok {
-			return true, err
+			return false, true, err
 		}
 		st.req.Body = b.GetBody()
-		return st.decideAndAnswer(answerBody, false)
+		return true, false, nil
 	}
-	return true, st.protocolError(codes.InvalidArgument, "request body in body mode %s", st.reqMode)
+	return false, true, st.protocolError(codes.InvalidArgument, "request body in body mode %s", st.reqMode)
 }
 
 // appendBody adds a chunk of a streamed body to the buffer. The buffer
 // grows as bytes arrive, doubling up to the announced length: the first
-// allocation is at most maxPrealloc, whatever content-length says. Its
-// capacity is held in the budget; when the budget cannot take the
-// doubled capacity the buffer grows to exactly what the body needs, and
-// when it cannot take that either the request is answered 429 (ok false).
+// allocation is at most bodySlice beyond what arrived, whatever
+// content-length says. Its capacity is held in the budget; when the
+// budget cannot take the doubled capacity the buffer grows by as much as
+// the budget has room for (so a budget running short costs one copy, not
+// one per chunk), and when it cannot take what the body needs the request
+// is answered 429 (ok false).
 func (st *stream) appendBody(chunk []byte) (ok bool, err error) {
 	body := st.req.Body
 	need := len(body) + len(chunk)
@@ -243,18 +302,16 @@ func (st *stream) appendBody(chunk []byte) (ok bool, err error) {
 	}
 	want := max(need, 2*cap(body))
 	if body == nil && st.bodyHint > 0 {
-		want = max(need, min(st.bodyHint, maxPrealloc))
+		want = max(need, min(st.bodyHint, bodySlice))
 	}
 	if st.bodyHint >= need {
 		want = min(want, st.bodyHint)
 	}
-	if _, ok := st.holdQuiet(int64(want)); !ok {
-		want = need
-		if ok, err := st.hold(int64(want)); !ok {
-			return false, err
-		}
+	size, ok, err := st.holdUpTo(int64(need), int64(want))
+	if !ok {
+		return false, err
 	}
-	grown := make([]byte, len(body), want)
+	grown := make([]byte, len(body), size)
 	copy(grown, body)
 	st.req.Body = append(grown, chunk...)
 	return true, nil
@@ -269,6 +326,22 @@ func (st *stream) hold(n int64) (ok bool, err error) {
 		return true, nil
 	}
 	return false, st.sendHeldBytes(held, n-st.reserved)
+}
+
+// holdUpTo makes sure the stream holds at least lo bytes of the budget,
+// and up to hi as far as the budget has room; it returns the bytes it
+// holds then. When the budget cannot take lo it answers 429 held_bytes
+// and reports ok false (err is the send's).
+func (st *stream) holdUpTo(lo, hi int64) (n int64, ok bool, err error) {
+	if lo <= st.reserved {
+		return st.reserved, true, nil
+	}
+	got, held, ok := st.s.held.reserveUpTo(lo-st.reserved, hi-st.reserved)
+	if !ok {
+		return 0, false, st.sendHeldBytes(held, lo-st.reserved)
+	}
+	st.reserved += got
+	return st.reserved, true, nil
 }
 
 // holdQuiet is hold without the answer: it returns the budget's bytes
@@ -294,7 +367,21 @@ func (st *stream) releaseBody() {
 	}
 }
 
+// releaseHeaders gives the header block's bytes back to the budget: when
+// the stream ends, or when its body deadline answered it (the headers are
+// then dropped, and nothing reads them again).
+func (st *stream) releaseHeaders() {
+	if st.hdrHeld != 0 {
+		st.s.held.releaseHeaders(st.hdrHeld)
+		st.hdrHeld = 0
+	}
+}
+
 func (st *stream) onRequestTrailers() (bool, error) {
+	// Trailers end the body phase.
+	if st.stopBodyClock() {
+		return true, nil // the body deadline answered the stream
+	}
 	if st.gotHeader && !st.answered && st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		// Trailers end a streamed body that had no end_of_stream chunk.
 		return st.decideAndAnswer(answerHeadersAndBody, true)
@@ -548,6 +635,66 @@ func (st *stream) sendHeldBytes(held, requested int64) error {
 	st.outcome = OutcomeHeldBytes
 	st.releaseBody()
 	return nil
+}
+
+// limitDetails is the details object of the answers that name a limit of
+// the picker's own (held bytes, header bytes, open streams), in the shape
+// of the queue limits' 429s.
+type limitDetails struct {
+	LimitKind string `json:"limit_kind"`
+	Current   int64  `json:"current,omitempty"`
+	Limit     int64  `json:"limit"`
+	Requested int64  `json:"requested,omitempty"`
+}
+
+// sendHeadersTooLarge answers 431 headers_too_large: the header block has
+// size bytes.
+func (st *stream) sendHeadersTooLarge(size int) error {
+	msg := fmt.Sprintf("request headers of %d bytes exceed the limit of %d bytes", size, st.s.maxHeader)
+	body, _ := json.Marshal(struct {
+		Error   string       `json:"error"`
+		Details limitDetails `json:"details"`
+	}{msg, limitDetails{LimitKind: "header_bytes", Limit: int64(st.s.maxHeader), Requested: int64(size)}}) // cannot fail
+	if err := st.send(immediateResponse(http.StatusRequestHeaderFieldsTooLarge, OutcomeHeadersTooLarge, body, msg, 0)); err != nil {
+		return err
+	}
+	st.answered = true
+	st.outcome = OutcomeHeadersTooLarge
+	return nil
+}
+
+// bodyTimeoutDetails is the details object of a 408 body_timeout answer.
+type bodyTimeoutDetails struct {
+	LimitKind      string  `json:"limit_kind"`
+	LimitSeconds   float64 `json:"limit_seconds"`
+	ReceivedBytes  int64   `json:"received_bytes"`
+	AnnouncedBytes int64   `json:"announced_bytes,omitempty"`
+}
+
+// bodyTimedOut answers 408 body_timeout: the body deadline passed before
+// the body's end. It runs on the clock's goroutine while the stream's own
+// waits for a message, under the clock's lock (see bodyClock). Nothing
+// more comes of the stream, so everything it holds goes back to the
+// budget now, whether or not the gateway ends the stream.
+func (st *stream) bodyTimedOut() {
+	d := st.s.bodyTimeout
+	received := int64(len(st.req.Body))
+	msg := fmt.Sprintf("request body not received within the body timeout of %s: %d bytes arrived", d, received)
+	if st.bodyHint > 0 {
+		msg = fmt.Sprintf("request body not received within the body timeout of %s: %d of %d announced bytes arrived", d, received, st.bodyHint)
+	}
+	body, _ := json.Marshal(struct {
+		Error   string             `json:"error"`
+		Details bodyTimeoutDetails `json:"details"`
+	}{msg, bodyTimeoutDetails{LimitKind: OutcomeBodyTimeout, LimitSeconds: d.Seconds(), ReceivedBytes: received, AnnouncedBytes: int64(st.bodyHint)}}) // cannot fail
+	if err := st.send(immediateResponse(http.StatusRequestTimeout, OutcomeBodyTimeout, body, msg, 0)); err == nil {
+		st.answered = true
+		st.outcome = OutcomeBodyTimeout
+	}
+	st.releaseBody()
+	st.releaseHeaders()
+	st.req.Headers = nil
+	st.s.log.V(4).Info("request body timed out", "received", received, "announced", st.bodyHint)
 }
 
 func (st *stream) sendBodyTooLarge(n int) error {

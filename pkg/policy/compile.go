@@ -23,13 +23,17 @@ type BusyTest struct {
 	// Frac (times max_num_batched_tokens) applies when HasFrac.
 	Frac    float64
 	HasFrac bool
+	// Auto: the threshold is the endpoint's auto threshold
+	// (pkg/autothreshold), which the scheduling core keeps per endpoint;
+	// EndpointBusy and Limit do not know it and ignore Auto.
+	Auto bool
 	// Ratio is busy_worker_ratio in (0, 1]; 0 means unset (a shared head
 	// waits only while all its eligible endpoints are busy).
 	Ratio float64
 }
 
-// Queueing reports whether the class has a threshold of either kind.
-func (b *BusyTest) Queueing() bool { return b.HasThreshold || b.HasFrac }
+// Queueing reports whether the class has a threshold of any kind.
+func (b *BusyTest) Queueing() bool { return b.HasThreshold || b.HasFrac || b.Auto }
 
 // EndpointBusy reports whether an endpoint with activePrefill prompt tokens
 // in prefill is busy for the class. maxBatched is the endpoint's
@@ -151,9 +155,11 @@ func (c *Config) Compile() (*Compiled, error) {
 	return out, nil
 }
 
-// SyntheticClass is the class of a profile without policy classes.
+// SyntheticClass is the class of a profile without policy classes. It
+// never queues: without a policy the picker only picks, so the auto
+// default applies to classes a policy writes, not to this one.
 func SyntheticClass() Class {
-	return Class{Name: SyntheticClassName, QueuePolicy: QueuePolicyFCFS, Quantum: 1}
+	return Class{Name: SyntheticClassName, QueuePolicy: QueuePolicyFCFS, Quantum: 1, BusyMode: BusyNone}
 }
 
 func (out *Compiled) addProfile(model string, p *Profile) resolver {
@@ -270,6 +276,7 @@ func busyTest(c *Class) BusyTest {
 	if c.PrefillBusyThresholdFrac != nil {
 		b.Frac, b.HasFrac = *c.PrefillBusyThresholdFrac, true
 	}
+	b.Auto = c.BusyAuto()
 	if c.BusyWorkerRatio != nil {
 		b.Ratio = *c.BusyWorkerRatio
 	}
@@ -334,10 +341,14 @@ func (c *Compiled) Index(model, name string) int {
 }
 
 // String summarises a busy test for people: "threshold 1536 tokens",
-// "threshold 1.5 × max_num_batched_tokens, ratio 0.5", or "no busy
+// "threshold 1.5 × max_num_batched_tokens, ratio 0.5", "threshold auto
+// (follows the engine, starts at max_num_batched_tokens)" or "no busy
 // threshold (never queues)".
 func (b BusyTest) String() string {
 	var parts []string
+	if b.Auto {
+		parts = append(parts, "threshold auto (follows the engine, starts at max_num_batched_tokens)")
+	}
 	if b.HasThreshold {
 		parts = append(parts, fmt.Sprintf("threshold %d tokens", b.Threshold))
 	}

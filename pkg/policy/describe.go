@@ -145,7 +145,7 @@ func describeRights(m *TenantMatch, r *Rights, identity bool) string {
 	}
 	switch {
 	case len(r.Allowed) > 0:
-		parts = append(parts, fmt.Sprintf("allowed %s (default %s)", strings.Join(r.Allowed, ", "), r.DefaultFamily))
+		parts = append(parts, fmt.Sprintf("allowed %s (default %s)", strings.Join(r.Allowed, ", "), r.Default()))
 	case r.DefaultFamily != "":
 		parts = append(parts, fmt.Sprintf("any class (default %s)", r.DefaultFamily))
 	default:

@@ -26,7 +26,7 @@ uncached_isl_buckets: [{min_tokens: 0, bucket: short}, {min_tokens: 2048, bucket
 policy_classes:
   - {name: s, policy_family: std, cache_bucket: short, quantum: 512, queue_policy: wspt, prefill_busy_threshold: 1024, max_queue_wait: 30s}
   - {name: l, policy_family: std, cache_bucket: long, quantum: 128, prefill_busy_threshold_frac: 0.5, raw_isl_token_queue_limit_per_worker: 65536, tenant_fairness: true, max_tenants: 5}
-  - {name: batch, quantum: 4, request_queue_limit_per_worker: 0, cached_token_queue_limit_per_worker: 7, disaggregate_above_uncached_tokens: 1024}
+  - {name: batch, quantum: 4, prefill_busy_threshold: none, request_queue_limit_per_worker: 0, cached_token_queue_limit_per_worker: 7, disaggregate_above_uncached_tokens: 1024}
 `,
 			want: `class "s": family std, bucket short (uncached >= 0), policy wspt, quantum 512, threshold 1024 tokens, max queue wait 30s
 class "l": family std, bucket long (uncached >= 2048), policy edf, quantum 128, threshold 0.5 × max_num_batched_tokens, limit raw_isl_tokens 65536/worker, tenant-fair (at most 5 tenants)
@@ -36,14 +36,14 @@ class "batch": explicit, policy edf, quantum 4, no busy threshold (never queues)
 		{
 			name: "a model profile's bucket bound is its own",
 			yaml: `
-policy_classes: [{name: a, quantum: 1}]
+policy_classes: [{name: a, quantum: 1, prefill_busy_threshold: none}]
 models:
   m:
     default_policy_family: f
     uncached_isl_buckets: [{min_tokens: 0, bucket: x}, {min_tokens: 99, bucket: y}]
     policy_classes:
-      - {name: fx, policy_family: f, cache_bucket: x, quantum: 2}
-      - {name: fy, policy_family: f, cache_bucket: y, quantum: 3}
+      - {name: fx, policy_family: f, cache_bucket: x, quantum: 2, prefill_busy_threshold: none}
+      - {name: fy, policy_family: f, cache_bucket: y, quantum: 3, prefill_busy_threshold: none}
 `,
 			want: `class "a": explicit, policy edf, quantum 1, no busy threshold (never queues)
 model "m": class "fx": family f, bucket x (uncached >= 0), policy edf, quantum 2, no busy threshold (never queues)
@@ -59,7 +59,7 @@ tenants:
   - {name: acme-x, match: {exact: [acme-x]}}
   - {name: other, match: {exact: [acme, other]}, default_family: a}
 default_tenant: {allowed: [b], default_family: b, max_strict_priority: 2}
-policy_classes: [{name: a, quantum: 1}, {name: b, quantum: 1}]
+policy_classes: [{name: a, quantum: 1, prefill_busy_threshold: none}, {name: b, quantum: 1, prefill_busy_threshold: none}]
 `,
 			want: `class "a": explicit, policy edf, quantum 1, no busy threshold (never queues)
 class "b": explicit, policy edf, quantum 1, no busy threshold (never queues)
@@ -74,10 +74,23 @@ identity from header x-tenant-id; requests without one are tenant "nobody"
 			name: "tenants without an identity: no caps unless set",
 			yaml: `
 tenants: [{name: batch, match: {prefix: [batch-]}, max_strict_priority: 2}]
-policy_classes: [{name: a, quantum: 1}]
+policy_classes: [{name: a, quantum: 1, prefill_busy_threshold: none}]
 `,
 			want: `class "a": explicit, policy edf, quantum 1, no busy threshold (never queues)
 tenant "batch": identities batch-*; any class; weight 1; caps priority none, strict 2
+` + noIdentityLine,
+		},
+		{
+			name: "a class without a threshold is auto; auto and none can be written",
+			yaml: `
+policy_classes:
+  - {name: a, quantum: 1}
+  - {name: b, quantum: 1, prefill_busy_threshold: auto, busy_worker_ratio: 0.5}
+  - {name: c, quantum: 1, prefill_busy_threshold: none}
+`,
+			want: `class "a": explicit, policy edf, quantum 1, threshold auto (follows the engine, starts at max_num_batched_tokens)
+class "b": explicit, policy edf, quantum 1, threshold auto (follows the engine, starts at max_num_batched_tokens), busy_worker_ratio 0.5
+class "c": explicit, policy edf, quantum 1, no busy threshold (never queues)
 ` + noIdentityLine,
 		},
 	}

@@ -44,11 +44,15 @@ type Class struct {
 	QueuePolicy string
 	// Quantum is the DRR credit per ring round, in uncached tokens (> 0).
 	Quantum int64
-	// PrefillBusyThreshold and PrefillBusyThresholdFrac are the two busy
-	// tests (tokens, and a multiple of max_num_batched_tokens). A class with
-	// neither never queues.
+	// PrefillBusyThreshold and PrefillBusyThresholdFrac are the two fixed
+	// busy tests (tokens, and a multiple of max_num_batched_tokens). A
+	// class with neither has the threshold BusyMode names: BusyAuto (also
+	// when BusyMode is empty, the default) or BusyNone (never queues).
 	PrefillBusyThreshold     *int64
 	PrefillBusyThresholdFrac *float64
+	// BusyMode is prefill_busy_threshold's word form: "" (not written),
+	// BusyAuto or BusyNone. It cannot go with a number or a fraction.
+	BusyMode string
 	// BusyWorkerRatio, in (0, 1], is the fraction of eligible endpoints that
 	// must be busy for a shared head to wait. Needs a threshold.
 	BusyWorkerRatio *float64
@@ -78,10 +82,26 @@ type Class struct {
 // family and bucket.
 func (c *Class) Explicit() bool { return c.Family == "" && c.Bucket == "" }
 
-// Queueing reports whether the class has a busy threshold of either kind;
-// only such a class ever holds requests.
+// The word forms of prefill_busy_threshold (YAML) and prefillBusyThreshold
+// (PolicyClass).
+const (
+	// BusyAuto: the threshold follows the engine (pkg/autothreshold); the
+	// default of a class that sets no threshold.
+	BusyAuto = "auto"
+	// BusyNone: no busy test, the class never queues.
+	BusyNone = "none"
+)
+
+// Queueing reports whether the class has a busy threshold (a number, a
+// fraction or auto); only such a class ever holds requests.
 func (c *Class) Queueing() bool {
-	return c.PrefillBusyThreshold != nil || c.PrefillBusyThresholdFrac != nil
+	return c.PrefillBusyThreshold != nil || c.PrefillBusyThresholdFrac != nil || c.BusyMode != BusyNone
+}
+
+// BusyAuto reports whether the class's threshold is auto: set so, or no
+// threshold written at all.
+func (c *Class) BusyAuto() bool {
+	return c.PrefillBusyThreshold == nil && c.PrefillBusyThresholdFrac == nil && c.BusyMode != BusyNone
 }
 
 // Profile is one complete policy: buckets, defaults and classes. A profile

@@ -4,12 +4,15 @@ import (
 	"cmp"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/laneway-dev/laneway/api/v1alpha1"
 )
@@ -277,7 +280,6 @@ func classFromSpec(name string, s *v1alpha1.PolicyClassSpec) (Class, error) {
 		Bucket:                          s.CacheBucket,
 		QueuePolicy:                     string(s.QueuePolicy),
 		Quantum:                         s.Quantum,
-		PrefillBusyThreshold:            clonePtr(s.PrefillBusyThreshold),
 		RequestQueueLimitPerWorker:      clonePtr(s.RequestQueueLimitPerWorker),
 		RawISLTokenQueueLimitPerWorker:  clonePtr(s.RawISLTokenQueueLimitPerWorker),
 		CachedTokenQueueLimitPerWorker:  clonePtr(s.CachedTokenQueueLimitPerWorker),
@@ -290,6 +292,13 @@ func classFromSpec(name string, s *v1alpha1.PolicyClassSpec) (Class, error) {
 	}
 	if s.MaxQueueWait != nil {
 		c.MaxQueueWait = s.MaxQueueWait.Duration
+	}
+	if t := s.PrefillBusyThreshold; t != nil {
+		if t.Type == intstr.Int {
+			c.PrefillBusyThreshold = ptr(int64(t.IntVal))
+		} else {
+			c.BusyMode = t.StrVal // Validate names a word it does not know
+		}
 	}
 	var err1, err2 error
 	c.PrefillBusyThresholdFrac, err1 = parseDecimal("prefillBusyThresholdFrac", s.PrefillBusyThresholdFrac)
@@ -443,13 +452,20 @@ func specFromClass(model string, c *Class) v1alpha1.PolicyClassSpec {
 		CacheBucket:                     c.Bucket,
 		QueuePolicy:                     v1alpha1.QueuePolicy(c.QueuePolicy),
 		Quantum:                         c.Quantum,
-		PrefillBusyThreshold:            clonePtr(c.PrefillBusyThreshold),
 		RequestQueueLimitPerWorker:      clonePtr(c.RequestQueueLimitPerWorker),
 		RawISLTokenQueueLimitPerWorker:  clonePtr(c.RawISLTokenQueueLimitPerWorker),
 		CachedTokenQueueLimitPerWorker:  clonePtr(c.CachedTokenQueueLimitPerWorker),
 		TenantFairness:                  c.TenantFairness,
 		MaxTenants:                      clonePtr(c.MaxTenants),
 		DisaggregateAboveUncachedTokens: clonePtr(c.DisaggregateAboveUncachedTokens),
+	}
+	switch {
+	case c.PrefillBusyThreshold != nil:
+		// The CRD's integer form is 32 bits; no engine keeps 2^31 tokens
+		// in prefill, so a larger threshold is as good as that one.
+		s.PrefillBusyThreshold = ptr(intstr.FromInt32(int32(min(*c.PrefillBusyThreshold, math.MaxInt32))))
+	case c.BusyMode != "":
+		s.PrefillBusyThreshold = ptr(intstr.FromString(c.BusyMode))
 	}
 	if c.PrefillBusyThresholdFrac != nil {
 		s.PrefillBusyThresholdFrac = ptr(formatFloat(*c.PrefillBusyThresholdFrac))

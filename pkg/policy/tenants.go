@@ -108,7 +108,8 @@ type Rights struct {
 	// ask for; empty means any. A class header outside it is ignored.
 	Allowed []string
 	// DefaultFamily is used when the request asks for no class, or for one
-	// not allowed: a family, or an explicit class name.
+	// not allowed: a family, or an explicit class name. With one Allowed
+	// entry it may be left empty: that entry is the default (Default).
 	DefaultFamily string
 	// Weight is the tenant's DRR weight inside tenant-fair classes (1 when
 	// nil).
@@ -191,6 +192,15 @@ func validateTenants(ps *Problems, c *Config) {
 	}
 }
 
+// Default returns where requests that ask for no class, or for one not
+// allowed, go: DefaultFamily, else the one Allowed entry, else "".
+func (r *Rights) Default() string {
+	if r.DefaultFamily == "" && len(r.Allowed) == 1 {
+		return r.Allowed[0]
+	}
+	return r.DefaultFamily
+}
+
 // validateRights checks the rights of one binding (or of the default
 // tenant) against the classes of the root and of every model profile:
 // bindings apply to all of them.
@@ -215,16 +225,21 @@ func validateRights(add func(Rule, string, ...any), where string, b *Rights, c *
 		}
 		return false
 	}
+	unknown := 0
 	for _, a := range b.Allowed {
 		if !known(a) {
 			add(RuleTenant, "%s: allowed %q names no policy family or explicit class", where, a)
+			unknown++
 		}
 	}
-	switch {
-	case len(b.Allowed) > 0 && b.DefaultFamily == "":
-		add(RuleTenant, "%s: allowed is set, so default_family is required (where requests that ask for another class go)", where)
-	case b.DefaultFamily != "" && !known(b.DefaultFamily):
-		add(RuleTenant, "%s: default_family %q names no policy family or explicit class", where, b.DefaultFamily)
+	if unknown == 0 {
+		validateReach(add, where, b.Allowed, c)
+	}
+	switch def := b.Default(); {
+	case len(b.Allowed) > 0 && def == "":
+		add(RuleTenant, "%s: allowed has %d entries, so default_family is required (where requests that ask for another class go)", where, len(b.Allowed))
+	case def != "" && !known(def):
+		add(RuleTenant, "%s: default_family %q names no policy family or explicit class", where, def)
 	case b.DefaultFamily != "" && len(b.Allowed) > 0 && !slices.Contains(b.Allowed, b.DefaultFamily):
 		add(RuleTenant, "%s: default_family %q is not in allowed %v", where, b.DefaultFamily, b.Allowed)
 	}
@@ -275,6 +290,7 @@ type CompiledBinding struct {
 	// tenants are their identities.
 	Name          string
 	allowed       map[string]bool // nil: any class
+	allowedOrder  []string        // allowed's names, in the binding's order
 	defaultFamily string
 	weight        uint64
 	maxPriority   int32
@@ -286,12 +302,13 @@ type CompiledBinding struct {
 // compileBinding compiles the rights b of the binding called name ("" for
 // the default tenant).
 func compileBinding(name string, b *Rights, identity bool) CompiledBinding {
-	out := CompiledBinding{Name: name, defaultFamily: b.DefaultFamily, weight: 1}
+	out := CompiledBinding{Name: name, defaultFamily: b.Default(), weight: 1}
 	if len(b.Allowed) > 0 {
 		out.allowed = make(map[string]bool, len(b.Allowed))
 		for _, a := range b.Allowed {
 			out.allowed[a] = true
 		}
+		out.allowedOrder = slices.Clone(b.Allowed)
 	}
 	if b.Weight != nil {
 		out.weight = uint64(*b.Weight)
@@ -435,6 +452,11 @@ func (c *Compiled) ResolveFor(model, classHeader string, uncached uint64, g *Ten
 		// The header named something this profile does not have and the
 		// profile's default is not allowed: the binding's default wins.
 		i = c.Resolve(model, b.defaultFamily, uncached)
+		if !c.classAllowed(i, b) {
+			// Nor has the profile the binding's default: the first
+			// allowed class it has (Validate makes sure of one).
+			i = c.resolveAllowed(model, uncached, b, i)
+		}
 	}
 	return i
 }

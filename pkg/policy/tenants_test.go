@@ -120,6 +120,25 @@ func TestResolveForAllowedClasses(t *testing.T) {
 	}
 }
 
+// TestOneAllowedIsTheDefault: allowed with one entry and no
+// default_family defaults to that entry (the audit's default_tenant:
+// {allowed: [std]} was refused for lacking a default it could only have
+// one value for).
+func TestOneAllowedIsTheDefault(t *testing.T) {
+	c := compileYAML(t, `
+policy_classes:
+  - {name: std, quantum: 1, prefill_busy_threshold: 10}
+  - {name: gold, quantum: 1, prefill_busy_threshold: 10}
+default_tenant: {allowed: [std]}
+`)
+	g := c.Rights("anyone")
+	for _, header := range []string{"", "gold", "nonsense"} {
+		if got := c.ResolveFor("", header, 100, &g); got != c.Index("", "std") {
+			t.Errorf("header %q: class %s, want std", header, c.Info[got].Name)
+		}
+	}
+}
+
 // TestNoIdentityTrustsHints: without an identity source, hints are not
 // capped and no tenant is tracked unless a class is tenant-fair.
 func TestNoIdentityTrustsHints(t *testing.T) {
@@ -164,7 +183,7 @@ policy_classes:
 		{"duplicate", "tenants: [{name: x, match: {exact: [x]}}, {name: x, match: {exact: [y]}}]", `tenant "x": name is used by more than one binding`},
 		{"empty prefix", `tenants: [{name: x, match: {prefix: [""]}}]`, `would match every identity`},
 		{"unknown allowed", "tenants: [{name: x, match: {exact: [x]}, allowed: [c], default_family: a}]", `allowed "c" names no policy family or explicit class`},
-		{"allowed without default", "default_tenant: {allowed: [a]}", "default_tenant: allowed is set, so default_family is required"},
+		{"allowed without default", "default_tenant: {allowed: [a, b]}", "default_tenant: allowed has 2 entries, so default_family is required"},
 		{"default outside allowed", "default_tenant: {allowed: [a], default_family: b}", `default_family "b" is not in allowed [a]`},
 		{"weight 0", "default_tenant: {weight: 0}", "weight must be between 1 and 1000000"},
 		{"limit 0", "default_tenant: {request_queue_limit: 0}", "request_queue_limit must be >= 1"},
@@ -185,18 +204,90 @@ policy_classes:
 }
 
 // TestBindingsKnowModelProfiles: bindings apply to every model profile, so
-// a class that only a model profile has is a valid grant.
+// a class that only a model profile has is a valid grant, as long as
+// every profile a request can resolve in (the root and each model's) has
+// some class the binding allows: a request for a model is resolved in its
+// model's profile only, and one with no allowed class could serve the
+// tenant only outside allowed (issue 22).
 func TestBindingsKnowModelProfiles(t *testing.T) {
-	src := `
+	cases := []struct {
+		name, src, wantErr string
+	}{
+		{name: "a model profile's class, and one of the root's", src: `
+tenants:
+  - {name: x, match: {exact: [x]}, allowed: [gold, silver], default_family: silver}
+policy_classes:
+  - {name: silver, quantum: 1}
+models:
+  m:
+    policy_classes:
+      - {name: gold, quantum: 1, prefill_busy_threshold: 10}
+`},
+		{name: "only a model profile's class: the root has none", src: `
 tenants:
   - {name: x, match: {exact: [x]}, allowed: [gold], default_family: gold}
 models:
   m:
     policy_classes:
       - {name: gold, quantum: 1, prefill_busy_threshold: 10}
-`
-	if _, err := LoadYAML([]byte(src)); err != nil {
-		t.Errorf("a binding allowing a model profile's family: %v", err)
+`, wantErr: `tenant "x": allowed [gold] names no class of the root profile (its classes: default)`},
+		{name: "a model profile without the binding's class", src: `
+default_tenant: {allowed: [regular], default_family: regular}
+policy_classes:
+  - {name: regular, quantum: 1}
+models:
+  special:
+    policy_classes:
+      - {name: premium, quantum: 1}
+`, wantErr: `default_tenant: allowed [regular] names no class of model "special" (its classes: premium)`},
+	}
+	for _, tc := range cases {
+		_, err := LoadYAML([]byte(tc.src))
+		if (err != nil) != (tc.wantErr != "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("%s: error %v, want %q", tc.name, err, tc.wantErr)
+		}
+	}
+}
+
+// TestResolveStaysInsideAllowed: a binding's request is resolved inside
+// its allowed classes in every profile, also when the model's profile
+// lacks the binding's default family and its own default is not allowed:
+// the first allowed class the profile has. Before, a class header or the
+// profile's default could land it outside (issue 22).
+func TestResolveStaysInsideAllowed(t *testing.T) {
+	cfg, err := LoadYAML([]byte(`
+identity: {header: x-tenant-id}
+default_tenant: {allowed: [regular, bronze], default_family: regular}
+default_policy_family: regular
+uncached_isl_buckets: [{min_tokens: 0, bucket: all}]
+policy_classes:
+  - {name: premium, policy_family: premium, cache_bucket: all, quantum: 1}
+  - {name: regular, policy_family: regular, cache_bucket: all, quantum: 1}
+models:
+  special:
+    policy_classes:
+      - {name: premium, quantum: 1}
+      - {name: bronze, quantum: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cfg.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rights := c.Rights("")
+	for _, tc := range []struct{ model, header, want string }{
+		{"", "", "regular"},
+		{"", "premium", "regular"},
+		{"special", "", "special/bronze"},
+		{"special", "premium", "special/bronze"},
+		{"special", "bronze", "special/bronze"},
+	} {
+		i := c.ResolveFor(tc.model, tc.header, 0, &rights)
+		if got := c.Classes[i].Name; got != tc.want {
+			t.Errorf("model %q, header %q: class %s, want %s", tc.model, tc.header, got, tc.want)
+		}
 	}
 }
 

@@ -355,11 +355,19 @@ func (v *profileCheck) checkBusyTest(cl *Class, name string) {
 	if f := cl.PrefillBusyThresholdFrac; f != nil && (math.IsNaN(*f) || math.IsInf(*f, 0) || *f < 0) {
 		v.add(name, "", RuleThresholdFrac, "prefill_busy_threshold_frac must be finite and >= 0 (got %s)", formatFloat(*f))
 	}
+	if cl.BusyMode != "" && cl.BusyMode != BusyAuto && cl.BusyMode != BusyNone {
+		v.add(name, "", RuleThresholdFrac, "prefill_busy_threshold %q: want an integer, %s or %s", cl.BusyMode, BusyAuto, BusyNone)
+	}
+	if cl.BusyMode != "" && (cl.PrefillBusyThreshold != nil || cl.PrefillBusyThresholdFrac != nil) {
+		v.add(name, "", RuleThresholdFrac, "prefill_busy_threshold %s cannot go with a number or prefill_busy_threshold_frac", cl.BusyMode)
+	}
 	if r := cl.BusyWorkerRatio; r != nil {
 		if math.IsNaN(*r) || !(*r > 0 && *r <= 1) {
 			v.add(name, "", RuleBusyWorkerRatio, "busy_worker_ratio must be > 0 and <= 1 (got %s)", formatFloat(*r))
 		}
-		if !cl.Queueing() {
+		// The ratio tunes a threshold the class writes down (a number, a
+		// fraction or auto), not the default.
+		if cl.PrefillBusyThreshold == nil && cl.PrefillBusyThresholdFrac == nil && cl.BusyMode != BusyAuto {
 			v.add(name, "", RuleRatioWithoutThreshold, "busy_worker_ratio is set without a threshold: set prefill_busy_threshold or prefill_busy_threshold_frac")
 		}
 	}

@@ -18,6 +18,25 @@ import (
 const (
 	maxYAMLBytes     = 4 << 20
 	maxClassesInFile = 16 * 1024
+	// maxAliasNodes is how many nodes aliases may add to a file's own
+	// (every reuse of an anchor walks its nodes again): a real policy
+	// that shares its classes between model profiles adds a few thousand,
+	// while a file of a few kilobytes of aliases to aliases stands for
+	// billions.
+	maxAliasNodes = 100_000
+	// maxParseProblems bounds the problems the parser collects: a file
+	// with a million bad entries says so in a page, not 100 MB.
+	maxParseProblems = 100
+)
+
+// List bounds, as the CRDs' schemas give the same fields
+// (api/v1alpha1): a file cannot hold what the API server would refuse.
+const (
+	maxAllowed      = 1024
+	maxExact        = 10_000
+	maxPrefix       = 1000
+	maxMetadataPath = 16
+	maxBuckets      = 32
 )
 
 // LoadFile reads and validates the policy YAML file at path (LoadYAML).
@@ -72,7 +91,7 @@ func ParseYAML(data []byte) (*Config, error) {
 		}
 		return nil, Problems{{Rule: RuleSyntax, Message: fmt.Sprintf("line %d: policy YAML has more than one document", line)}}
 	}
-	p := &parser{}
+	p := &parser{budget: 2*countNodes(&doc) + maxAliasNodes}
 	cfg := &Config{}
 	root := &doc
 	if root.Kind == yaml.DocumentNode {
@@ -85,6 +104,9 @@ func ParseYAML(data []byte) (*Config, error) {
 		return cfg, nil
 	}
 	p.profile(root, "", &cfg.Root, &cfg.Models, cfg)
+	if p.dropped > 0 {
+		p.problems = append(p.problems, Problem{Rule: RuleSyntax, Message: fmt.Sprintf("and %d more problems", p.dropped)})
+	}
 	if len(p.problems) > 0 {
 		return nil, p.problems
 	}
@@ -97,9 +119,43 @@ type parser struct {
 	problems Problems
 	// classes counts class mappings walked, across aliases, to bound work.
 	classes int
+	// budget is how many mapping entries and list elements the walk may
+	// visit, aliases expanded: twice the file's own nodes and
+	// maxAliasNodes. Past it the walk stops (expanded) with one problem.
+	budget   int
+	expanded bool
+	// dropped counts problems past maxParseProblems.
+	dropped int
+}
+
+// countNodes counts the nodes of the tree under n without following
+// aliases: the file's own size in nodes.
+func countNodes(n *yaml.Node) int {
+	c := 1
+	for _, e := range n.Content {
+		c += countNodes(e)
+	}
+	return c
+}
+
+// visit spends one unit of the walk's budget; false once it is spent.
+func (p *parser) visit(n *yaml.Node, path string) bool {
+	if p.expanded {
+		return false
+	}
+	if p.budget--; p.budget < 0 {
+		p.expanded = true
+		p.errorf(n, path, "aliases expand the file past %d nodes; write the repeated parts out, or reuse less", maxAliasNodes)
+		return false
+	}
+	return true
 }
 
 func (p *parser) errorf(n *yaml.Node, path, format string, args ...any) {
+	if len(p.problems) >= maxParseProblems && !p.expanded {
+		p.dropped++
+		return
+	}
 	msg := fmt.Sprintf(format, args...)
 	if path != "" {
 		msg = path + ": " + msg
@@ -147,6 +203,9 @@ func (p *parser) mapping(n *yaml.Node, path string, allowed []string, fn func(ke
 	}
 	seen := make(map[string]bool, len(n.Content)/2)
 	for i := 0; i+1 < len(n.Content); i += 2 {
+		if !p.visit(n.Content[i], path) {
+			return
+		}
 		k, v := resolveAlias(n.Content[i]), n.Content[i+1]
 		if k == nil || k.Kind != yaml.ScalarNode {
 			p.errorf(n.Content[i], path, "keys must be strings")
@@ -212,7 +271,7 @@ func (p *parser) profile(n *yaml.Node, path string, out *Profile, models *[]Mode
 		case "default_policy_class":
 			out.DefaultClass = p.str(v, join(key))
 		case "uncached_isl_buckets":
-			p.sequence(v, join(key), func(i int, e *yaml.Node) {
+			p.boundedSequence(v, join(key), maxBuckets, func(i int, e *yaml.Node) {
 				var b Bucket
 				ep := fmt.Sprintf("%s[%d]", join(key), i)
 				p.mapping(e, ep, bucketKeys, func(k string, v *yaml.Node) {
@@ -302,6 +361,15 @@ func (p *parser) class(n *yaml.Node, path string) Class {
 		case "quantum":
 			c.Quantum = p.int(v, kp)
 		case "prefill_busy_threshold":
+			if v.Kind == yaml.ScalarNode && v.Tag == "!!str" {
+				switch v.Value {
+				case BusyAuto, BusyNone:
+					c.BusyMode = v.Value
+				default:
+					p.errorf(v, kp, "want an integer, auto or none, got %q", v.Value)
+				}
+				return
+			}
 			c.PrefillBusyThreshold = ptr(p.int(v, kp))
 		case "prefill_busy_threshold_frac":
 			c.PrefillBusyThresholdFrac = ptr(p.float(v, kp))
@@ -352,7 +420,7 @@ func (p *parser) identity(n *yaml.Node, path string) *Identity {
 				case "namespace":
 					id.MetadataNamespace = p.str(v, kp+"."+k)
 				case "path":
-					id.MetadataPath = p.strs(v, kp+"."+k)
+					id.MetadataPath = p.strs(v, kp+"."+k, maxMetadataPath)
 				}
 			})
 		}
@@ -372,9 +440,9 @@ func (p *parser) binding(n *yaml.Node, path string) TenantBinding {
 			p.mapping(v, kp, matchKeys, func(k string, v *yaml.Node) {
 				switch k {
 				case "exact":
-					b.Match.Exact = p.strs(v, kp+"."+k)
+					b.Match.Exact = p.strs(v, kp+"."+k, maxExact)
 				case "prefix":
-					b.Match.Prefix = p.strs(v, kp+"."+k)
+					b.Match.Prefix = p.strs(v, kp+"."+k, maxPrefix)
 				}
 			})
 		default:
@@ -398,7 +466,7 @@ func (p *parser) rights(n *yaml.Node, path string) Rights {
 func (p *parser) right(r *Rights, key string, v *yaml.Node, kp string) {
 	switch key {
 	case "allowed":
-		r.Allowed = p.strs(v, kp)
+		r.Allowed = p.strs(v, kp, maxAllowed)
 	case "default_family":
 		r.DefaultFamily = p.str(v, kp)
 	case "weight":
@@ -414,10 +482,10 @@ func (p *parser) right(r *Rights, key string, v *yaml.Node, kp string) {
 	}
 }
 
-// strs reads a list of strings.
-func (p *parser) strs(n *yaml.Node, path string) []string {
+// strs reads a list of at most max strings.
+func (p *parser) strs(n *yaml.Node, path string, max int) []string {
 	var out []string
-	p.sequence(n, path, func(i int, e *yaml.Node) {
+	p.boundedSequence(n, path, max, func(i int, e *yaml.Node) {
 		out = append(out, p.str(e, fmt.Sprintf("%s[%d]", path, i)))
 	})
 	return out
@@ -436,12 +504,25 @@ func (p *parser) bool(n *yaml.Node, path string) bool {
 }
 
 func (p *parser) sequence(n *yaml.Node, path string, fn func(i int, e *yaml.Node)) {
+	p.boundedSequence(n, path, 0, fn)
+}
+
+// boundedSequence is sequence for a list of at most max elements (0: no
+// bound of its own).
+func (p *parser) boundedSequence(n *yaml.Node, path string, max int, fn func(i int, e *yaml.Node)) {
 	n = resolveAlias(n)
 	if n.Kind != yaml.SequenceNode {
 		p.errorf(n, path, "want a list, got %s", kindName(n))
 		return
 	}
+	if max > 0 && len(n.Content) > max {
+		p.errorf(n, path, "more than %d entries (%d)", max, len(n.Content))
+		return
+	}
 	for i, e := range n.Content {
+		if !p.visit(e, path) {
+			return
+		}
 		fn(i, e)
 	}
 }

@@ -64,6 +64,13 @@ type PrefixOptions struct {
 // known: vLLM's default KV block size.
 const DefaultBlockSize = 16
 
+// MaxEngineBlockSize is the largest engine KV block size, in tokens, that
+// raises the hashing block size (vLLM's and TRT-LLM's pages are 16 to 128
+// tokens). One endpoint's report could otherwise set the pool's hashing
+// block size to anything: at a billion tokens no prompt holds a whole
+// block and the prefix index finds nothing for any endpoint.
+const MaxEngineBlockSize = 256
+
 // unseenRequestSeed is the prompt size assumed for a request seen waiting
 // in an engine before this picker dispatched any request of its own.
 const unseenRequestSeed = 1024
@@ -100,6 +107,7 @@ type Core struct {
 	baseBS     int             // PrefixOptions.BlockSize
 	hashBS     int             // the block size parsers should hash at
 	meanPrompt uint64          // moving mean of dispatched uncached tokens
+	hasAuto    bool            // some class of the policy has an auto threshold
 }
 
 // Request is one request inside the core, from Admit until its Leave. The
@@ -150,7 +158,7 @@ func New(pol *Policy, opts Options) (*Core, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building scheduler: %w", err)
 	}
-	c := &Core{opts: opts, pol: pol, q: q, reg: newRegistry()}
+	c := &Core{opts: opts, pol: pol, q: q, reg: newRegistry(), hasAuto: pol.hasAuto()}
 	if c.opts.Chooser == nil {
 		// Seeded, not the zero value's global generator: the core's
 		// decisions are a function of its inputs (doc.go).
@@ -353,7 +361,7 @@ func (c *Core) SetPolicy(p *Policy) error {
 	if err != nil {
 		return fmt.Errorf("applying policy: %w", err)
 	}
-	c.pol = p
+	c.pol, c.hasAuto = p, p.hasAuto()
 	// Busy rules changed: every lane verdict is stale.
 	for _, id := range c.reg.live {
 		c.q.EndpointChanged(id)
@@ -400,12 +408,25 @@ func (c *Core) Snapshot() Snapshot {
 			EngineWaiting: e.waiting, MaxBatchedTokens: e.maxBatched, Busy: c.busyEverywhere(e),
 			Role: e.role, AwaitingEngine: e.led.len(), PrefillRate: e.led.rate,
 		}
+		if c.hasAuto {
+			es.AutoThreshold, es.HasAuto = e.auto.Threshold(), true
+		}
 		if c.index != nil {
 			es.IndexTokens = c.index.Stats(int(id)).Tokens
 		}
 		s.Endpoints = append(s.Endpoints, es)
 	}
 	return s
+}
+
+// AutoThreshold is the auto threshold of the endpoint at addr (SPEC §5);
+// ok is false for an unknown address or a policy without auto classes.
+func (c *Core) AutoThreshold(addr string) (threshold uint64, ok bool) {
+	e, found := c.reg.byAddr[addr]
+	if !found || !c.hasAuto {
+		return 0, false
+	}
+	return e.auto.Threshold(), true
 }
 
 // busyEverywhere reports whether e is busy for every class that queues

@@ -5,6 +5,7 @@ import (
 	"net"
 	"sort"
 
+	"github.com/laneway-dev/laneway/pkg/autothreshold"
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
@@ -51,6 +52,9 @@ type endpoint struct {
 	kvUsage float64
 	// lora is its adapters as the core knows them (lora.go).
 	lora loraState
+	// auto is the endpoint's threshold for classes with
+	// prefill_busy_threshold auto, fed at each fresh scrape.
+	auto autothreshold.Controller
 }
 
 // load is the prefill the busy test counts: ours plus the unseen estimate.
@@ -100,6 +104,9 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 		if e, ok := g.byAddr[in.Addr]; ok {
 			e.engine = eng
 			if e.maxBatched != in.MaxBatchedTokens || e.tainted != in.Tainted || e.rank != in.Rank || e.role != in.Role {
+				if e.maxBatched != in.MaxBatchedTokens {
+					e.auto.Reset(in.MaxBatchedTokens) // a new step budget: start over
+				}
 				e.maxBatched, e.tainted, e.rank, e.role = in.MaxBatchedTokens, in.Tainted, in.Rank, in.Role
 				c.q.EndpointChanged(e.id)
 			}
@@ -115,6 +122,7 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 		}
 		e := &endpoint{id: id, addr: in.Addr, maxBatched: in.MaxBatchedTokens, tainted: in.Tainted,
 			rank: in.Rank, engine: eng, stale: c.opts.ExpectMetrics, role: in.Role, led: newLedger()}
+		e.auto.Reset(in.MaxBatchedTokens)
 		g.eps[id] = e
 		if c.index != nil {
 			c.index.Drop(int(id)) // a reused id starts with an empty index
@@ -346,8 +354,12 @@ func (c *Core) busy(e *endpoint, class int) bool {
 	return e.busyUnder(&c.pol.Busy[class])
 }
 
-// busyUnder is the busy test under one class's rule (see busy).
+// busyUnder is the busy test under one class's rule (see busy); an auto
+// rule reads the endpoint's own threshold.
 func (e *endpoint) busyUnder(rule *policy.BusyTest) bool {
+	if rule.Auto {
+		return e.stale || e.load() > e.auto.Threshold()
+	}
 	return e.stale || rule.EndpointBusy(e.load(), e.maxBatched)
 }
 

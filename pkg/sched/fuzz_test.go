@@ -115,12 +115,13 @@ func fuzzRank(addr string) int {
 }
 
 // fuzzPolicies are the policies a run swaps between: different class
-// sets, orders, thresholds (fixed and fractional), ratios, limits and
+// sets, orders, thresholds (fixed, fractional and auto), ratios, limits and
 // wait budgets, with and without tenants (p1: weights, a tenant's own
 // limit, tenant-fair classes, one of them bounded to two tenants).
 func fuzzPolicies() []*Policy {
 	lim := func(c drr.ClassConfig, reqs uint64) drr.ClassConfig { c.RequestLimitPerWorker = reqs; return c }
 	p0 := byHeader(300, class("c0", 100, 0), class("c1", 25, 400*time.Millisecond))
+	p0.Busy[1] = policy.BusyTest{Auto: true} // the endpoint's auto threshold, moved by the scrapes
 	p1 := byHeader(200, lim(class("c1", 50, 0), 2), class("c2", 10, 0), class("c0", 300, time.Second))
 	p1.Classes[1].Policy = drr.WSPT
 	p1.Classes[2].Policy = drr.EDF
@@ -328,6 +329,16 @@ func runCoreOps(data []byte, pk Chooser) error {
 			}
 			notBusy := func(e *fuzzEP) error {
 				busy := e.stale || rule.EndpointBusy(drr.SaturatingAdd(e.active, e.unseenFromCore), e.maxBatched)
+				if rule.Auto {
+					// No scrape comes between the Drain and this check, so
+					// the threshold now is the one the grant was judged by:
+					// the prefill pod's own for a disaggregated request.
+					t, ok := c.AutoThreshold(e.addr)
+					if !ok {
+						return fmt.Errorf("step %d (%s): class %s is auto but %s has no auto threshold", step, op, l.Class, e.addr)
+					}
+					busy = e.stale || drr.SaturatingAdd(e.active, e.unseenFromCore) > t
+				}
 				if busy && c.pol.Classes[ci].Queueing {
 					return fmt.Errorf("step %d (%s): class %s pick %s is busy (active %d, unseen %d, stale %t)",
 						step, op, l.Class, e.addr, e.active, e.unseenFromCore, e.stale)

@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"github.com/laneway-dev/laneway/pkg/autothreshold"
 	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
 )
@@ -89,9 +90,12 @@ func (c *Core) SetMetrics(now int64, addr string, m podmetrics.Metrics, stale bo
 		if c.index != nil && m.Has(podmetrics.NumBlocks|podmetrics.BlockSize) {
 			c.index.SetCapacity(int(e.id), drr.SaturatingMul(uint64(m.NumBlocks), uint64(m.BlockSize)))
 		}
+		if c.observeAuto(now, e, &m) {
+			changed = true
+		}
 		bs := 0
 		if m.Has(podmetrics.BlockSize) {
-			bs = m.BlockSize
+			bs = min(m.BlockSize, MaxEngineBlockSize)
 		}
 		if bs != e.engineBS {
 			e.engineBS = bs
@@ -105,7 +109,8 @@ func (c *Core) SetMetrics(now int64, addr string, m podmetrics.Metrics, stale bo
 }
 
 // updateHashBlockSize sets the hashing block size to the configured one or
-// the largest block size a live endpoint reports, whichever is larger: a
+// the largest block size a live endpoint reports (at most
+// MaxEngineBlockSize), whichever is larger: a
 // coarser hash than the engine's only rounds the overlap down, and an
 // engine with token-sized pages (SGLang's default) must not make the
 // parser hash every token.
@@ -115,4 +120,23 @@ func (c *Core) updateHashBlockSize() {
 		bs = max(bs, c.reg.eps[id].engineBS)
 	}
 	c.hashBS = bs
+}
+
+// observeAuto feeds a fresh scrape to e's auto threshold (SPEC §5,
+// pkg/autothreshold) and reports whether the threshold moved. The picker
+// holds requests for e when requests are queued and e is over its
+// threshold: a queued request that could go there would have gone at the
+// last Drain.
+func (c *Core) observeAuto(now int64, e *endpoint, m *podmetrics.Metrics) bool {
+	if !c.hasAuto {
+		return false
+	}
+	load := e.load()
+	move := e.auto.Observe(autothreshold.Sample{
+		At: now, Waiting: m.Waiting, HasWaiting: m.Has(podmetrics.Waiting),
+		Running: m.Running, HasRunning: m.Has(podmetrics.Running),
+		Load: load, MeanPrompt: c.meanPrompt,
+		Held: c.q.Len() > 0 && load > e.auto.Threshold(),
+	})
+	return move != autothreshold.Hold
 }

@@ -219,10 +219,12 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 			grew := m.PromptTokens - l.counter
 			if grew < 0 {
 				// The counter went back: the engine restarted, and the
-				// requests it held are gone with it.
+				// requests it held are gone with it; it may not be the
+				// engine it was, so the auto threshold starts over.
 				for l.len() > 0 {
 					c.confirm(e)
 				}
+				e.auto.Reset(e.maxBatched)
 				grew = 0
 				l.winAt, l.winCounter, l.winBusy = now, m.PromptTokens, busyNow
 			}
@@ -368,6 +370,10 @@ func (l *ledger) nextPrefilled(lead uint64) (at int64, ok bool) {
 func (c *Core) predictionLead(e *endpoint) uint64 {
 	lead := uint64(0)
 	for i := range c.pol.Busy {
+		if c.pol.Busy[i].Auto {
+			lead = max(lead, e.auto.Threshold())
+			continue
+		}
 		lead = max(lead, c.pol.Busy[i].Limit(e.maxBatched))
 	}
 	return lead

@@ -63,6 +63,16 @@ func (p *Policy) Validate() error {
 	return nil
 }
 
+// hasAuto reports whether some class has an auto threshold.
+func (p *Policy) hasAuto() bool {
+	for i := range p.Busy {
+		if p.Busy[i].Auto {
+			return true
+		}
+	}
+	return false
+}
+
 // entitle sets the ticket's tenant rights (the zero rights without tenants).
 func (p *Policy) entitle(t *Ticket) {
 	if p.Rights == nil {
@@ -298,6 +308,10 @@ type EndpointSnapshot struct {
 	// PrefillRate is the engine's prefill rate the picker learned from its
 	// prompt-token counter, in prompt tokens per second (0: not learned).
 	PrefillRate float64
+	// AutoThreshold is the endpoint's auto threshold in tokens (SPEC §5),
+	// when HasAuto: some class of the policy in force has one.
+	AutoThreshold uint64
+	HasAuto       bool
 }
 
 // Snapshot is the core's state at one instant.

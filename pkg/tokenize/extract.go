@@ -43,6 +43,7 @@ type extractor struct {
 
 	f     *Fields   // nil: only the prompt is read
 	hints hintState // nvext.agent_hints so far, for f
+	keyAt int       // offset of the top-level member's key being read, for f
 }
 
 // span is a range of dst holding the tokens of one value; ok is false when
@@ -174,6 +175,8 @@ func (e *extractor) top() (prompt, messages span, err error) {
 	} else {
 		for {
 			var key []byte
+			e.skipWS()
+			e.keyAt = e.i
 			if key, err = e.readKey(); err != nil {
 				return
 			}

@@ -55,14 +55,18 @@ type PrioritySpans struct {
 	// whose key is exactly "priority", in body order. Extract appends to
 	// Values[:0], so a Fields reused across bodies keeps its capacity.
 	Values []Span
+	// Keys are the offsets of those members' keys (their opening quote),
+	// parallel to Values: with them a member can be removed whole.
+	Keys []int
 }
 
 // Span is the byte range [Start, End) of a body.
 type Span struct{ Start, End int }
 
-// reset clears f for a new body, keeping the capacity of Priority.Values.
+// reset clears f for a new body, keeping the capacity of Priority.Values
+// and Priority.Keys.
 func (f *Fields) reset() {
-	*f = Fields{Priority: PrioritySpans{Values: f.Priority.Values[:0]}}
+	*f = Fields{Priority: PrioritySpans{Values: f.Priority.Values[:0], Keys: f.Priority.Keys[:0]}}
 }
 
 // Bits of hintState.set.
@@ -119,6 +123,7 @@ func (e *extractor) field(key []byte) error {
 			return err
 		}
 		e.f.Priority.Values = append(e.f.Priority.Values, Span{start, e.i})
+		e.f.Priority.Keys = append(e.f.Priority.Keys, e.keyAt)
 		return nil
 	}
 	return e.skipValue()

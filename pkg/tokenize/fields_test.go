@@ -24,18 +24,19 @@ func refFields(body []byte) (Fields, error) {
 		strict, osl       *uint32
 		spec              *bool
 	}
-	err := members(body, func(key string, raw json.RawMessage, start, end int) error {
+	err := members(body, func(key string, keyAt int, raw json.RawMessage, start, end int) error {
 		switch key {
 		case "model":
 			return json.Unmarshal(raw, &f.Model)
 		case "priority":
 			f.Priority.Values = append(f.Priority.Values, Span{start, end})
+			f.Priority.Keys = append(f.Priority.Keys, keyAt)
 		case "nvext":
 			if string(raw) == "null" {
 				h.priority, h.latency, h.strict, h.osl, h.spec = nil, nil, nil, nil, nil
 				return nil
 			}
-			return members(raw, func(key string, raw json.RawMessage, _, _ int) error {
+			return members(raw, func(key string, _ int, raw json.RawMessage, _, _ int) error {
 				if key != "agent_hints" {
 					return nil
 				}
@@ -43,7 +44,7 @@ func refFields(body []byte) (Fields, error) {
 					h.priority, h.latency, h.strict, h.osl, h.spec = nil, nil, nil, nil, nil
 					return nil
 				}
-				return members(raw, func(key string, raw json.RawMessage, _, _ int) error {
+				return members(raw, func(key string, _ int, raw json.RawMessage, _, _ int) error {
 					switch key {
 					case "priority":
 						return json.Unmarshal(raw, &h.priority)
@@ -87,14 +88,20 @@ func refFields(body []byte) (Fields, error) {
 }
 
 // members calls fn with each member of the JSON object obj in order: its
-// decoded key, its raw value and the value's byte range in obj. A value
-// that is not an object is an error, as decoding it into a struct is.
-func members(obj []byte, fn func(key string, raw json.RawMessage, start, end int) error) error {
+// decoded key, the offset of the key's opening quote, its raw value and
+// the value's byte range in obj. A value that is not an object is an
+// error, as decoding it into a struct is.
+func members(obj []byte, fn func(key string, keyAt int, raw json.RawMessage, start, end int) error) error {
 	dec := json.NewDecoder(bytes.NewReader(obj))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return errors.New("not an object")
 	}
 	for dec.More() {
+		// The key starts at the first quote after the previous token.
+		keyAt := int(dec.InputOffset())
+		for keyAt < len(obj) && obj[keyAt] != '"' {
+			keyAt++
+		}
 		tok, err := dec.Token()
 		if err != nil {
 			return err
@@ -104,7 +111,7 @@ func members(obj []byte, fn func(key string, raw json.RawMessage, start, end int
 			return err
 		}
 		end := int(dec.InputOffset())
-		if err := fn(tok.(string), raw, end-len(raw), end); err != nil {
+		if err := fn(tok.(string), keyAt, raw, end-len(raw), end); err != nil {
 			return err
 		}
 	}
@@ -120,7 +127,8 @@ func members(obj []byte, fn func(key string, raw json.RawMessage, start, end int
 // sameFields compares Fields, treating nil and empty Values alike.
 func sameFields(a, b Fields) bool {
 	return a.Model == b.Model && a.Hints == b.Hints && a.Priority.Open == b.Priority.Open &&
-		a.Priority.Empty == b.Priority.Empty && slices.Equal(a.Priority.Values, b.Priority.Values)
+		a.Priority.Empty == b.Priority.Empty && slices.Equal(a.Priority.Values, b.Priority.Values) &&
+		slices.Equal(a.Priority.Keys, b.Priority.Keys)
 }
 
 // extractFields runs Extract for its fields; a body without a prompt is

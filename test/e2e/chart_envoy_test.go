@@ -148,11 +148,14 @@ func TestChartEnvoyConfig(t *testing.T) {
 
 			listeners := envoyListeners(t, bs)
 			filters := listeners["inference"].GetHttpFilters()
-			if len(filters) != 2 || filters[0].GetName() != "envoy.filters.http.ext_proc" || filters[1].GetName() != "envoy.filters.http.router" {
-				t.Fatalf("inference listener filters %v, want ext_proc then router", filters)
+			// Client hints are not trusted by default: a header_mutation
+			// filter removes them first (TestChartTrustClientHints).
+			if len(filters) != 3 || filters[0].GetName() != "envoy.filters.http.header_mutation" ||
+				filters[1].GetName() != "envoy.filters.http.ext_proc" || filters[2].GetName() != "envoy.filters.http.router" {
+				t.Fatalf("inference listener filters %v, want header_mutation, ext_proc, router", filters)
 			}
 			var ep extprocfilterv3.ExternalProcessor
-			unpackValid(t, "ext_proc filter", filters[0].GetTypedConfig(), &ep)
+			unpackValid(t, "ext_proc filter", filters[1].GetTypedConfig(), &ep)
 			pm := ep.GetProcessingMode()
 			full, send := extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_SEND
 			if pm.GetRequestHeaderMode() != send || pm.GetResponseHeaderMode() != send ||

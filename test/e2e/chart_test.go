@@ -145,20 +145,20 @@ func TestChartRoleMatchesConfigRBAC(t *testing.T) {
 // the apply test checks the rendering against it, so a template that
 // silently renders nothing (or too much) fails.
 var wantKinds = map[string]map[string]int{
-	"default": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1},
-	"pool-policy": {"CustomResourceDefinition": 3, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+	"default": {"NetworkPolicy": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1},
+	"pool-policy": {"NetworkPolicy": 1, "CustomResourceDefinition": 3, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"InferencePool": 1, "PolicyProfile": 1, "PolicyClass": 2},
-	"ha": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+	"ha": {"NetworkPolicy": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"InferencePool": 1, "PodDisruptionBudget": 1, "Secret": 1},
-	"envoy": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 2, "Deployment": 2,
+	"envoy": {"NetworkPolicy": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 2, "Deployment": 2,
 		"ConfigMap": 1, "InferencePool": 1, "PolicyClass": 2},
-	"monitoring": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+	"monitoring": {"NetworkPolicy": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"ServiceMonitor": 1, "ConfigMap": 1},
 	"conformance": {"CustomResourceDefinition": 3, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"InferencePool": 1},
-	"full": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+	"full": {"NetworkPolicy": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"InferencePool": 1, "PolicyProfile": 1, "PolicyClass": 4},
-	"tenants": {"CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 2, "Deployment": 2,
+	"tenants": {"NetworkPolicy": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Service": 2, "Deployment": 2,
 		"ConfigMap": 1, "InferencePool": 1, "PolicyProfile": 1, "PolicyClass": 4},
 }
 
@@ -337,7 +337,7 @@ func TestChartEPPDeployment(t *testing.T) {
 			c := pod.Containers[0]
 			args := strings.Join(c.Args, " ")
 			for _, want := range []string{"--pool-name=lw-laneway", "--pool-namespace=pool-ns", "--pool-group=inference.networking.k8s.io",
-				"--grpc-port=9002", "--grpc-health-port=9003", "--metrics-port=9090", "--secure-serving=true",
+				"--grpc-port=9002", "--grpc-health-port=9003", "--metrics-port=9090", "--status-port=9091", "--status-bind=127.0.0.1", "--secure-serving=true",
 				"--max-num-batched-tokens=8192", "--engine-type=vllm", "--drain-timeout=30s",
 				"--role-label=llm-d.ai/role", "--disaggregate-above-uncached-tokens=256"} {
 				if tc.set == "ha" && strings.HasPrefix(want, "--pool-name") {
@@ -412,11 +412,14 @@ func TestChartEPPDeployment(t *testing.T) {
 }
 
 // TestChartEPPGoRuntimeEnv: by default the picker's GOMAXPROCS comes from
-// its CPU request (rounded up by the downward API) and its GOMEMLIMIT is
-// its container's memory limit in bytes, so the Go runtime collects harder
-// before the kernel kills it and --max-held-body-bytes defaults to half of
-// it; either in extraEnv replaces the derived entry rather than adding a
-// second one; a value turns each off.
+// its CPU request (rounded up by the downward API) and its container's
+// memory limit in bytes reaches it as LANEWAY_MEMORY_LIMIT_BYTES, from
+// which it sets the Go memory limit to 90% (so the Go runtime collects
+// harder before the kernel kills it, with room for what the runtime does
+// not count) and --max-held-body-bytes defaults to half of that; the
+// downward API sees a limit a LimitRange set, which the values do not.
+// GOMAXPROCS or GOMEMLIMIT in extraEnv replaces the derived entry rather
+// than adding a second one; a value turns each off.
 func TestChartEPPGoRuntimeEnv(t *testing.T) {
 	sets := ciValueSets(t)
 	fromResource := func(name, res string) []corev1.EnvVar {
@@ -437,10 +440,12 @@ func TestChartEPPGoRuntimeEnv(t *testing.T) {
 		{name: "GOMAXPROCS extraEnv wins", env: "GOMAXPROCS", files: []string{sets["full"]}, deployment: "laneway-full",
 			want: []corev1.EnvVar{{Name: "GOMAXPROCS", Value: "2"}}},
 		{name: "GOMAXPROCS off", env: "GOMAXPROCS", set: []string{"epp.gomaxprocsFromCPURequest=false"}},
-		{name: "GOMEMLIMIT default", env: "GOMEMLIMIT", want: fromResource("GOMEMLIMIT", "limits.memory")},
+		{name: "GOMEMLIMIT default: none, the limit instead", env: "GOMEMLIMIT"},
+		{name: "memory limit default", env: "LANEWAY_MEMORY_LIMIT_BYTES", want: fromResource("LANEWAY_MEMORY_LIMIT_BYTES", "limits.memory")},
 		{name: "GOMEMLIMIT extraEnv wins", env: "GOMEMLIMIT", values: "epp:\n  extraEnv: [{name: GOMEMLIMIT, value: 900MiB}]\n",
 			want: []corev1.EnvVar{{Name: "GOMEMLIMIT", Value: "900MiB"}}},
-		{name: "GOMEMLIMIT off", env: "GOMEMLIMIT", set: []string{"epp.gomemlimitFromMemoryLimit=false"}},
+		{name: "GOMEMLIMIT extraEnv: no limit variable", env: "LANEWAY_MEMORY_LIMIT_BYTES", values: "epp:\n  extraEnv: [{name: GOMEMLIMIT, value: 900MiB}]\n"},
+		{name: "memory limit off", env: "LANEWAY_MEMORY_LIMIT_BYTES", set: []string{"epp.gomemlimitFromMemoryLimit=false"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -763,11 +768,15 @@ func TestChartHelmInstall(t *testing.T) {
 		"STATUS: deployed",
 		"InferencePool helm-install/llm",
 		"kubectl -n helm-install port-forward service/lw-laneway-envoy 8080:80",
-		"-H 'x-dynamo-meta-policy-class: premium'",
+		"curl -sN http://127.0.0.1:8080/v1/completions",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("helm install output lacks %q:\n%s", want, out)
 		}
+	}
+	// Client hints are not trusted by default: the example sends none.
+	if strings.Contains(out, "-H 'x-dynamo-meta-policy-class") {
+		t.Errorf("helm install output shows a class header, which the chart's Envoy removes:\n%s", out)
 	}
 	pc := &unstructured.Unstructured{}
 	pc.SetAPIVersion(v1alpha1.GroupVersion.String())

@@ -209,6 +209,9 @@ epp:
   drainTimeoutSeconds: 10
   conformanceHooks: true # the scenarios pin requests with the conformance header
   resources: {requests: {cpu: 100m, memory: 64Mi}, limits: {memory: 512Mi}}
+# The scenarios send class and priority hints through the chart's Envoy
+# and test what the picker does with them.
+trustClientHints: true
 envoy:
   enabled: true
   resources: {requests: {cpu: 100m, memory: 64Mi}, limits: {memory: 512Mi}}

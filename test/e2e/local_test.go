@@ -87,6 +87,9 @@ func localValues(port int) string {
 epp:
   drainTimeoutSeconds: %d
   conformanceHooks: true # the scenarios pin requests with the conformance header
+# The scenarios send class and priority hints straight to the picker (no
+# gateway in front strips them) and test what the picker does with them.
+trustClientHints: true
 inferencePool:
   name: pool
   create: true
@@ -207,7 +210,7 @@ func localEPPArgs(dep *unstructured.Unstructured, kubeconfig string) ([]string, 
 		return nil, false, fmt.Errorf("picker Deployment has %d containers", len(containers))
 	}
 	raw, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
-	ports := map[string]bool{"--grpc-port": true, "--grpc-health-port": true, "--metrics-port": true}
+	ports := map[string]bool{"--grpc-port": true, "--grpc-health-port": true, "--metrics-port": true, "--status-port": true}
 	secure := true
 	var args []string
 	for _, a := range raw {

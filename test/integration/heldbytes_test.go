@@ -123,21 +123,22 @@ type heldDetails struct {
 	Requested int64  `json:"requested"`
 }
 
-// TestHeldBodyBudget: hundreds of slow clients each announcing a 15 MB
-// body, on top of queued 1 MB bodies, cannot make the picker hold more
-// than --max-held-body-bytes (here derived: half of GOMEMLIMIT): the
-// requests that would pass the budget get 429 held_bytes at once, with
-// the numbers; the admitted ones keep their bytes and are served whole;
-// every stream gets exactly one answer; small requests keep routing; a
-// body is let go once passed back to the gateway; and the picker's
-// resident memory stays under the budget plus a stated overhead.
+// TestHeldBodyBudget: dozens of clients each sending a 15 MB body, on top
+// of queued 1 MB bodies, cannot make the picker hold more than
+// --max-held-body-bytes (here derived: half of GOMEMLIMIT): a body is held
+// as it arrives, and one whose next bytes would pass the budget gets 429
+// held_bytes with the numbers; the bodies that fit are served whole;
+// every stream gets exactly one answer; small requests are routed or told
+// held_bytes, never left waiting; a body is let go once passed back to
+// the gateway; and the picker's resident memory stays under the budget
+// plus a stated overhead.
 func TestHeldBodyBudget(t *testing.T) {
 	const (
 		memLimit   = 160 << 20
 		budget     = memLimit / 2 // the derived --max-held-body-bytes
 		queuedN    = 8
 		queuedSize = 1_000_000
-		bigN       = 300
+		bigN       = 40 // 600 MB of bodies at once, 7.5 budgets
 		bigSize    = 15_000_000
 		chunk      = 64 << 10
 		// overhead is what the picker may hold beyond the budget. The
@@ -151,7 +152,6 @@ func TestHeldBodyBudget(t *testing.T) {
 		// Measured peak: 183-191 MiB.
 		overhead = memLimit - budget + 48<<20
 	)
-	admittedWant := int64((budget - queuedN*queuedSize) / bigSize)
 	launch.CheckGoroutines(t)
 	bs := startBackends(t, 2)
 	a, b := bs[0].addr, bs[1].addr
@@ -180,9 +180,9 @@ policy_classes:
 	}
 	p.Metrics.Await(t, queuedN*queuedSize, "laneway_held_body_bytes")
 
-	// The storm: bigN slow clients, each announcing bigSize. Before the
-	// budget existed every one was taken in; the guard stops the test
-	// before it takes this machine's memory.
+	// The storm: bigN clients, each sending bigSize. Before the budget
+	// existed every one was taken in; the guard stops the test before it
+	// takes this machine's memory.
 	bigBody := paddedBody(bigSize)
 	conn := p.Conn(t)
 	client := extprocv3.NewExternalProcessorClient(conn)
@@ -285,25 +285,38 @@ policy_classes:
 		}()
 	}
 
-	// Small requests keep routing while the storm goes on.
+	// Small requests are answered while the storm goes on: routed, or
+	// told that the budget is full right now.
+	smallRefused := 0
 	for i := range 20 {
 		ex := mustStart(t, c, pinned(spec(tokens(16, 100+i)), b))
-		mustRoute(t, ex)
+		if d := ex.Decision(); !d.Routed() {
+			immediate(t, ex, http.StatusTooManyRequests, "held_bytes")
+			smallRefused++
+			continue
+		}
 		completeStream(t, ex)
 	}
 	wg.Wait()
 	if t.Failed() {
 		return
 	}
-	if got := admitted.Load(); got != admittedWant || rejected.Load() != bigN-admittedWant || routedBig.Load() != admittedWant {
-		t.Errorf("admitted %d (routed whole %d), rejected %d; want %d admitted and %d rejected",
-			got, routedBig.Load(), rejected.Load(), admittedWant, bigN-admittedWant)
+	if got := admitted.Load(); got < 1 || got+rejected.Load() != bigN || routedBig.Load() != got {
+		t.Errorf("admitted %d (routed whole %d), rejected %d; want at least one admitted, and %d in all",
+			got, routedBig.Load(), rejected.Load(), bigN)
 	}
+	t.Logf("%d of %d 15 MB bodies admitted, %d refused mid-body", admitted.Load(), bigN, rejected.Load())
 	for _, d := range details {
-		if d.LimitKind != "held_bytes" || d.Limit != budget || d.Requested != bigSize || d.Current+d.Requested <= d.Limit {
-			t.Errorf("429 details %+v, want limit_kind held_bytes, limit %d, requested %d, current+requested over the limit", d, budget, bigSize)
+		if d.LimitKind != "held_bytes" || d.Limit != budget || d.Requested <= 0 || d.Current+d.Requested <= d.Limit {
+			t.Errorf("429 details %+v, want limit_kind held_bytes, limit %d, current+requested over the limit", d, budget)
 			break
 		}
+	}
+	// Small requests are routed once the storm is over.
+	for i := range 5 {
+		ex := mustStart(t, c, pinned(spec(tokens(16, 200+i)), b))
+		mustRoute(t, ex)
+		completeStream(t, ex)
 	}
 	// The admitted bodies were let go once passed back; the queued ones
 	// are still held.
@@ -321,7 +334,7 @@ policy_classes:
 		completeStream(t, s.ex)
 	}
 	p.Metrics.Await(t, 0, "laneway_held_body_bytes")
-	p.Metrics.Await(t, float64(bigN-admittedWant), "laneway_extproc_streams_total", "outcome", "held_bytes")
+	p.Metrics.Await(t, float64(rejected.Load())+float64(smallRefused), "laneway_extproc_streams_total", "outcome", "held_bytes")
 
 	peak := vmKB(t, pid, "VmHWM") << 10
 	t.Logf("picker RSS: %d MiB at start, peak %d MiB; budget %d MiB + overhead %d MiB", rssStart>>10, peak>>20, budget>>20, overhead>>20)

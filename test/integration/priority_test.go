@@ -66,3 +66,48 @@ func TestPriorityOrder(t *testing.T) {
 	}
 	p.Metrics.Await(t, 0, "laneway_endpoint_in_flight_requests")
 }
+
+// TestForwardedPriorityIsThePickers: with --forward-priority the picker
+// owns the body's top-level priority. A body that sets it itself, with no
+// hint, reaches the engine without it (vLLM serves lower values first: an
+// anonymous -2147483648 would jump every queue in the engine); a hint
+// reaches it capped by the tenant's binding and in the engine's polarity,
+// as the one priority member.
+func TestForwardedPriorityIsThePickers(t *testing.T) {
+	launch.CheckGoroutines(t)
+	bs := startBackends(t, 1)
+	cases := []struct {
+		name   string
+		policy string // "" is the synthetic class without identity
+		body   string
+		want   string // the forwarded body
+	}{
+		{name: "identity, no hint: the client's priority goes", policy: "identity: {header: x-tenant-id}\n",
+			body: `{"model":"m","prompt":[1,2],"priority":-2147483648}`, want: `{"model":"m","prompt":[1,2]}`},
+		{name: "identity, no hint, priority first", policy: "identity: {header: x-tenant-id}\n",
+			body: `{"priority":-2147483648,"model":"m","prompt":[1,2]}`, want: `{"model":"m","prompt":[1,2]}`},
+		{name: "identity, a hint: capped to the binding's 0", policy: "identity: {header: x-tenant-id}\n",
+			body: `{"priority":-99,"model":"m","prompt":[1,2],"nvext":{"agent_hints":{"priority":7}}}`,
+			want: `{"priority":0,"model":"m","prompt":[1,2],"nvext":{"agent_hints":{"priority":7}}}`},
+		{name: "no identity, no hint: the client's priority goes",
+			body: `{"model":"m","prompt":[1,2],"priority":-5}`, want: `{"model":"m","prompt":[1,2]}`},
+		{name: "no identity, a hint: negated for vLLM",
+			body: `{"model":"m","priority":3,"prompt":[1,2],"nvext":{"agent_hints":{"priority":7}}}`,
+			want: `{"model":"m","priority":-7,"prompt":[1,2],"nvext":{"agent_hints":{"priority":7}}}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := launch.EPPOptions{Endpoints: addrs(bs), Args: []string{"--forward-priority"}}
+			if tc.policy != "" {
+				o.Policy = writePolicy(t, tc.policy)
+			}
+			p := startEPP(t, o)
+			ex := mustStart(t, p.Client(t, extprocclient.Options{}), spec([]byte(tc.body)))
+			mustRoute(t, ex)
+			if got := string(ex.Decision().Body); got != tc.want {
+				t.Errorf("forwarded body %s, want %s", got, tc.want)
+			}
+			completeStream(t, ex)
+		})
+	}
+}

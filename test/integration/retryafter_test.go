@@ -59,10 +59,13 @@ func TestRetryAfter(t *testing.T) {
 	t.Run("held bytes", func(t *testing.T) {
 		p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"},
 			Args: []string{flag, "--max-body-bytes=2000", "--max-held-body-bytes=2000"}})
-		// A slow client holds 1500 bytes of the budget with its headers.
-		tr := startTrickler(ctx, t, extprocv3.NewExternalProcessorClient(p.Conn(t)), paddedBody(1500), "127.0.0.2:8000")
+		// A slow client holds 1600 bytes of the budget: the buffer of what
+		// it sent of its body, sized by its content-length.
+		body := paddedBody(1600)
+		tr := startTrickler(ctx, t, extprocv3.NewExternalProcessorClient(p.Conn(t)), body, "127.0.0.2:8000")
 		defer tr.cancel()
-		p.Metrics.Await(t, 1500, "laneway_held_body_bytes")
+		tr.send(body[:1500], false)
+		p.Metrics.Await(t, 1600, "laneway_held_body_bytes")
 		ex := mustStart(t, p.Client(t, extprocclient.Options{}), spec(paddedBody(1000)))
 		if got := retryAfter(t, ex, http.StatusTooManyRequests, "held_bytes"); got != dflt {
 			t.Errorf("retry-after %d, want the flag's %d", got, dflt)

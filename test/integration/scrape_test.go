@@ -72,11 +72,11 @@ func startSlowScrape(t *testing.T, addr, path string) *slowScrape {
 	return &slowScrape{c}
 }
 
-// TestMetricsScrapeBound: the metrics port serves at most
-// MaxConcurrentScrapes (4) requests at once, /metrics and /debug/status
-// together; one more gets 503 with Retry-After at once instead of a fifth
-// copy of a large page in memory, and scrapes are served again when one
-// finishes.
+// TestMetricsScrapeBound: the metrics port and the status page's port
+// serve at most MaxConcurrentScrapes (4) requests at once, /metrics and
+// /debug/status together; one more gets 503 with Retry-After at once
+// instead of a fifth copy of a large page in memory, and scrapes are
+// served again when one finishes.
 func TestMetricsScrapeBound(t *testing.T) {
 	launch.CheckGoroutines(t)
 	const bound = 4
@@ -94,18 +94,19 @@ func TestMetricsScrapeBound(t *testing.T) {
 	}
 	p := startEPP(t, launch.EPPOptions{Args: args})
 
+	addr := map[string]string{"/metrics": p.MetricsAddr, "/debug/status": p.StatusAddr}
 	var held []*slowScrape
 	for i := range bound {
 		path := "/debug/status"
 		if i%2 == 1 {
 			path = "/metrics"
 		}
-		held = append(held, startSlowScrape(t, p.MetricsAddr, path))
+		held = append(held, startSlowScrape(t, addr[path], path))
 	}
 	client := &http.Client{Timeout: launch.EventTimeout}
 	get := func(path string) (*http.Response, []byte) {
 		t.Helper()
-		resp, err := client.Get("http://" + p.MetricsAddr + path)
+		resp, err := client.Get("http://" + addr[path] + path)
 		if err != nil {
 			t.Fatalf("GET %s: %v", path, err)
 		}

@@ -51,3 +51,34 @@ func TestPprofBind(t *testing.T) {
 		})
 	}
 }
+
+// TestStatusPageOnLoopback: the status page (tenant names, endpoint
+// addresses) is not on the metrics port, which listens with the other
+// servers and is in the chart's Service: it has a listener of its own on
+// the loopback address (--status-bind, --status-port), reached with
+// kubectl port-forward, whatever --bind-address says.
+func TestStatusPageOnLoopback(t *testing.T) {
+	const bind = "127.0.0.3" // the other servers' address, not 127.0.0.1
+	launch.CheckGoroutines(t)
+	p := startEPP(t, launch.EPPOptions{Bind: bind})
+	client := &http.Client{Timeout: launch.EventTimeout}
+	resp, err := client.Get("http://" + p.MetricsAddr + "/debug/status")
+	if err != nil {
+		t.Fatalf("GET /debug/status on the metrics port: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /debug/status on the metrics port %s: %s, want 404", p.MetricsAddr, resp.Status)
+	}
+	if host, _, _ := net.SplitHostPort(p.StatusAddr); host != "127.0.0.1" {
+		t.Fatalf("status page on %q, want the loopback address", p.StatusAddr)
+	}
+	resp, err = client.Get("http://" + p.StatusAddr + "/debug/status")
+	if err != nil {
+		t.Fatalf("GET /debug/status on %s: %v", p.StatusAddr, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("GET /debug/status on %s: %s %q, want 200 JSON", p.StatusAddr, resp.Status, resp.Header.Get("Content-Type"))
+	}
+}

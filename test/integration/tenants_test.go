@@ -3,9 +3,13 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"google.golang.org/protobuf/types/known/structpb"
@@ -210,7 +214,7 @@ policy_classes:
 	}
 	_, holder = releaseOneByOne(t, holder, queued, 3)
 	completeStream(t, holder)
-	table := runLaneway(t, "status", "--epp", p.MetricsAddr)
+	table := runLaneway(t, "status", "--epp", p.StatusAddr)
 	for _, want := range []string{"class shared", "queued by tenant", "served, last minute", "endpoint", "127.0.0.2:8000"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("status table lacks %q:\n%s", want, table)
@@ -225,13 +229,20 @@ policy_classes:
 
 func lanewayStatus(t *testing.T, p *launch.EPP) status.Page {
 	t.Helper()
-	var page status.Page
-	out := runLaneway(t, "status", "--epp", p.MetricsAddr, "--output", "json")
-	if err := json.Unmarshal([]byte(out), &page); err != nil {
-		t.Fatalf("laneway status --output json: %v\n%s", err, out)
-	}
+	page := lanewayStatusPage(t, p)
 	if len(page.Classes) != 1 {
 		t.Fatalf("status page classes %+v, want one", page.Classes)
+	}
+	return page
+}
+
+// lanewayStatusPage is the picker's status page as laneway status reads it.
+func lanewayStatusPage(t *testing.T, p *launch.EPP) status.Page {
+	t.Helper()
+	var page status.Page
+	out := runLaneway(t, "status", "--epp", p.StatusAddr, "--output", "json")
+	if err := json.Unmarshal([]byte(out), &page); err != nil {
+		t.Fatalf("laneway status --output json: %v\n%s", err, out)
 	}
 	return page
 }
@@ -243,4 +254,189 @@ func runLaneway(t *testing.T, args ...string) string {
 		t.Fatalf("laneway %v: %v\n%s", args, err, out)
 	}
 	return string(out)
+}
+
+// liftPolicy lets anonymous callers use regular only, while the model
+// profile "special" has no class but premium: resolving a request for
+// special inside the binding is impossible, so the policy is refused.
+const liftPolicy = `identity: {header: x-tenant-id}
+default_tenant: {allowed: [regular], default_family: regular}
+default_policy_family: regular
+uncached_isl_buckets: [{min_tokens: 0, bucket: all}]
+policy_classes:
+  - {name: premium, policy_family: premium, cache_bucket: all, queue_policy: fcfs, quantum: 512}
+  - {name: regular, policy_family: regular, cache_bucket: all, queue_policy: fcfs, quantum: 128}
+models:
+  special:
+    policy_classes:
+      - {name: premium, queue_policy: fcfs, quantum: 512}
+`
+
+// TestModelProfileCannotLiftTenant: a policy in which a model profile has
+// no class a binding allows is refused, by laneway validate and by the
+// picker at start and on reload, naming the binding and the model; before,
+// an anonymous request for that model was dispatched to special/premium,
+// outside its binding's allowed classes.
+func TestModelProfileCannotLiftTenant(t *testing.T) {
+	path := writePolicy(t, liftPolicy)
+	wantIn := func(what, out string) {
+		t.Helper()
+		// The picker's log quotes the message as JSON: no quotes here.
+		for _, w := range []string{"default_tenant", "allowed [regular] names no class of model", "special"} {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s does not name %q:\n%s", what, w, out)
+			}
+		}
+	}
+	out, err := exec.Command(bins.Laneway, "validate", path).CombinedOutput()
+	if err == nil {
+		t.Errorf("laneway validate accepted the policy:\n%s", out)
+	}
+	wantIn("laneway validate", string(out))
+
+	ctx := testCtx(t)
+	cmd := exec.CommandContext(ctx, bins.Epp, "--secure-serving=false", "--bind-address=127.0.0.1", "--grpc-port=0",
+		"--grpc-health-port=0", "--metrics-port=0", "--status-port=-1", "--endpoints=127.0.0.2:8000", "--policy-config="+path)
+	out, err = cmd.CombinedOutput()
+	if err == nil || ctx.Err() != nil {
+		t.Errorf("the picker did not refuse the policy at start (err %v):\n%s", err, out)
+	}
+	wantIn("the picker's refusal", string(out))
+
+	// A picker running a valid policy keeps it when the file changes to
+	// this one, and routes the request for special inside regular.
+	ok := writePolicy(t, trustPolicy("identity: {header: x-tenant-id}"))
+	p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Policy: ok,
+		Args: []string{"--policy-poll-interval=50ms"}})
+	replaceFile(t, ok, liftPolicy)
+	p.WaitLog(t, "policy file rejected")
+	c := p.Client(t, extprocclient.Options{})
+	ex := mustStart(t, c, spec([]byte(`{"model":"special","prompt":[1,2,3]}`)))
+	mustRoute(t, ex)
+	completeStream(t, ex)
+	p.Metrics.Await(t, 1, "laneway_dispatches_total", "policy_class", "regular")
+}
+
+// liveHeap forces a collection in the picker (its pprof heap profile with
+// gc=1) and returns its live heap (go_memstats_heap_alloc_bytes).
+func liveHeap(t *testing.T, p *launch.EPP, pprofPort int) float64 {
+	t.Helper()
+	resp, err := (&http.Client{Timeout: launch.EventTimeout}).Get("http://" + launch.HostPort("127.0.0.1", pprofPort) + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		t.Fatalf("pprof heap: %v", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return p.Metrics.Value(t, "go_memstats_heap_alloc_bytes")
+}
+
+// TestTenantNamesDoNotPinHeaders: requests with distinct tenants and a 16
+// KiB header each leave the picker's live heap with their tenants' names,
+// not their header blocks: a tenant kept for the status page's minute (or
+// a queue) is a copy of its name, not a piece of the block all the
+// request's header values share. Before, 2,000 such requests kept 32 MiB
+// alive for the minute.
+func TestTenantNamesDoNotPinHeaders(t *testing.T) {
+	const (
+		requests = 2000
+		padding  = 16 << 10
+		workers  = 8
+	)
+	port, err := launch.FreePort("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A tenant-fair class: the status page keeps who was served.
+	p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Args: []string{"--pprof-port=" + strconv.Itoa(port)},
+		Policy: writePolicy(t, "policy_classes:\n  - {name: shared, quantum: 100, tenant_fairness: true}\n")})
+	c := p.Client(t, extprocclient.Options{})
+	before := liveHeap(t, p, port)
+	pad := strings.Repeat("p", padding)
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < requests; i += workers {
+				ex, err := c.Start(testCtx(t), spec(tokens(8, i), "x-laneway-tenant", fmt.Sprintf("tenant-%05d", i), "x-pad", pad))
+				if err != nil {
+					errs <- err
+					return
+				}
+				if !ex.Decision().Routed() {
+					errs <- fmt.Errorf("request %d not routed: %+v", i, ex.Decision().Immediate)
+					return
+				}
+				if _, _, err := ex.Respond(http.StatusOK, nil, []byte("data: [DONE]\n\n")); err != nil {
+					errs <- err
+					return
+				}
+				_ = ex.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got := lanewayStatusPage(t, p).Classes[0].Dispatched; got != requests {
+		t.Fatalf("status page: %d dispatched in the last minute, want %d: the window does not hold the tenants", got, requests)
+	}
+	grown := liveHeap(t, p, port) - before
+	t.Logf("live heap grew %.1f MiB for %d tenants (their header blocks: %d MiB)", grown/(1<<20), requests, requests*padding>>20)
+	if limit := float64(requests * padding / 4); grown > limit {
+		t.Errorf("live heap grew %.1f MiB, over %.1f MiB: the tenants' header blocks are kept", grown/(1<<20), limit/(1<<20))
+	}
+}
+
+// TestUntrustedClientHints: with --trust-client-hints=false (the chart's
+// default) and no identity, a client's hints and tenant name count for
+// nothing: a strict-priority header does not jump the queue, a class
+// header does not pick the class, and rotating tenant names does not get
+// past a per-tenant limit (every such request is the anonymous tenant).
+// Before, a x-laneway-strict-priority header jumped 16 queued requests and
+// rotating names got 50 requests past a limit of 2.
+func TestUntrustedClientHints(t *testing.T) {
+	launch.CheckGoroutines(t)
+	p := startEPP(t, launch.EPPOptions{Endpoints: []string{"127.0.0.2:8000"}, Args: []string{"--trust-client-hints=false"},
+		Policy: writePolicy(t, `
+default_tenant: {request_queue_limit: 4}
+policy_classes:
+  - {name: standard, quantum: 1, prefill_busy_threshold: 100, tenant_fairness: true}
+  - {name: premium, quantum: 1000, prefill_busy_threshold: 100}
+`)})
+	if !strings.Contains(p.Log.String(), "client hints are ignored") {
+		t.Errorf("the startup log does not say that client hints are ignored:\n%s", p.Log.Tail(4096))
+	}
+	c := p.Client(t, extprocclient.Options{})
+	holder := mustStart(t, c, spec(tokens(500, 0)))
+	mustRoute(t, holder)
+	ctx := testCtx(t)
+	released := make(chan started, 8)
+	queue := []struct {
+		name    string
+		headers []string
+	}{
+		{"first", []string{"x-laneway-tenant", "t1"}},
+		{"second", []string{"x-laneway-tenant", "t2"}},
+		{"third", []string{"x-laneway-tenant", "t3"}},
+		{"jumper", []string{"x-laneway-tenant", "t4", "x-laneway-strict-priority", "4294967295", "x-laneway-policy-class", "premium", "x-laneway-priority", "1000"}},
+	}
+	for i, q := range queue {
+		startInto(ctx, c, q.name, spec(tokens(150, i+1), q.headers...), released)
+		p.Metrics.Await(t, float64(i+1), "dynamo_frontend_router_queue_pending_requests", "policy_class", "standard")
+	}
+	// A fifth name is the same anonymous tenant: its limit of 4 is full.
+	fifth := mustStart(t, c, spec(tokens(150, 9), "x-laneway-tenant", "t5"))
+	immediate(t, fifth, 429, "queue_limit")
+	order, holder := releaseOneByOne(t, holder, released, len(queue))
+	completeStream(t, holder)
+	if want := []string{"first", "second", "third", "jumper"}; !slices.Equal(order, want) {
+		t.Errorf("release order %q, want arrival order %q", order, want)
+	}
+	if got := p.Metrics.Value(t, "laneway_dispatches_total", "policy_class", "premium"); got != 0 {
+		t.Errorf("%v dispatches in premium, want none: the class header counts for nothing", got)
+	}
 }

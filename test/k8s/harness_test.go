@@ -22,6 +22,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,6 +33,7 @@ import (
 	"github.com/laneway-dev/laneway/internal/testbed/extprocclient"
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/internal/testbed/testenv"
+	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
 // stopGrace is how long a picker may drain after SIGTERM (its
@@ -457,15 +459,20 @@ func (p *eppProc) waitEndpoints(since time.Time, limit time.Duration, want ...st
 }
 
 // policyClass builds an explicit fcfs class of pool; threshold nil never
-// queues.
+// queues (prefillBusyThreshold none: these suites run without engine
+// metrics, so the auto default is not what they test).
 func policyClass(name, pool string, quantum int64, threshold *int64) *v1alpha1.PolicyClass {
+	t := intstr.FromString(policy.BusyNone)
+	if threshold != nil {
+		t = intstr.FromInt32(int32(*threshold))
+	}
 	return &v1alpha1.PolicyClass{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: v1alpha1.PolicyClassSpec{
 			PoolRef:              v1alpha1.PoolReference{Name: pool},
 			QueuePolicy:          v1alpha1.QueuePolicyFCFS,
 			Quantum:              quantum,
-			PrefillBusyThreshold: threshold,
+			PrefillBusyThreshold: &t,
 		},
 	}
 }

@@ -143,10 +143,12 @@ and JWT values that only make sense together.
 {{- $strip := list }}
 {{- if $identity }}
 {{- with $identity.header }}{{ $strip = append $strip . }}{{ end }}
-{{- $strip = append $strip "x-laneway-tenant" }}
-{{- if .Values.envoy.stripClientHints }}
-{{- $strip = concat $strip (list "x-laneway-policy-class" "x-dynamo-meta-policy-class" "x-laneway-priority" "x-laneway-strict-priority" "x-dynamo-request-priority" "x-dynamo-request-strict-priority") }}
 {{- end }}
+{{- if or $identity (not .Values.trustClientHints) }}
+{{- $strip = append $strip "x-laneway-tenant" }}
+{{- end }}
+{{- if and .Values.envoy.stripClientHints (or $identity (not .Values.trustClientHints)) }}
+{{- $strip = concat $strip (list "x-laneway-policy-class" "x-dynamo-meta-policy-class" "x-laneway-priority" "x-laneway-strict-priority" "x-dynamo-request-priority" "x-dynamo-request-strict-priority") }}
 {{- end }}
 {{- uniq $strip | toJson }}
 {{- end }}

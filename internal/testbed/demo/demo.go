@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"github.com/laneway-dev/laneway/internal/testbed/report"
 	"github.com/laneway-dev/laneway/internal/testbed/simulate"
 	"github.com/laneway-dev/laneway/internal/testbed/workload"
+	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
 // readyTimeout bounds each process's start-up wait.
@@ -30,6 +32,10 @@ type Config struct {
 	// picker sees each request but never its response, as behind
 	// gateways that send no response phase.
 	HeaderOnly bool
+	// Threshold is both classes' prefill_busy_threshold: "" is auto (the
+	// default of a class that writes none), or SPEC §11's 1536, or any
+	// token count.
+	Threshold string
 	// Out receives the table; Progress receives the progress of each run
 	// (report.Progress: a bar on a terminal, a line at every 10% elsewhere).
 	Out, Progress io.Writer
@@ -108,7 +114,8 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 		return o, err
 	}
 	policyFile := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, []byte(workload.PolicyYAML(sc.PremiumQuantum, sc.Regular)), 0o644); err != nil {
+	threshold := cmp.Or(cfg.Threshold, policy.BusyAuto)
+	if err := os.WriteFile(policyFile, []byte(workload.PolicyYAMLThreshold(sc.PremiumQuantum, sc.Regular, threshold)), 0o644); err != nil {
 		return o, err
 	}
 	var procs []*launch.Proc
@@ -153,8 +160,8 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 	}
 	procs = append(procs, gw.Proc)
 
-	fmt.Fprintf(cfg.Out, "\n== quanta %s (premium:regular): %d + %d requests of 512 tokens, one model server with 4 slots\n",
-		sc.Name, cfg.PerClass, cfg.PerClass)
+	fmt.Fprintf(cfg.Out, "\n== quanta %s (premium:regular): %d + %d requests of 512 tokens, one model server with 4 slots, prefill_busy_threshold %s\n",
+		sc.Name, cfg.PerClass, cfg.PerClass, threshold)
 	bar := report.NewProgress(cfg.Progress, sc.Name)
 	waiting := sim.Metrics.WatchMax(20*time.Millisecond, "vllm:num_requests_waiting")
 	res, err := workload.Run(ctx, workload.Spec{
@@ -185,7 +192,7 @@ func runScenario(ctx context.Context, cfg Config, sc Scenario, n int) (o Outcome
 	if cfg.PerClass == 320 {
 		o.Misses = o.Shares.Check(sc.Weighted)
 	}
-	if o.Prediction, err = simulate.PredictWeightedShare(sc.PremiumQuantum, sc.Regular, cfg.PerClass); err != nil {
+	if o.Prediction, err = simulate.PredictWeightedShareThreshold(sc.PremiumQuantum, sc.Regular, cfg.PerClass, threshold); err != nil {
 		return o, fmt.Errorf("simulate the run: %w", err)
 	}
 	if m := predictionMiss(cfg.PerClass, o.Shares.FirstInPrefix, o.Prediction.FirstInPrefix); m != "" {

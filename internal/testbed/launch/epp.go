@@ -56,6 +56,10 @@ type EPP struct {
 	// GRPCAddr, HealthAddr and MetricsAddr are the ext_proc, gRPC health
 	// and Prometheus addresses the picker logged.
 	GRPCAddr, HealthAddr, MetricsAddr string
+	// StatusAddr is the status page's address (/debug/status, on the
+	// loopback address unless --status-bind says otherwise); "" when the
+	// picker serves none.
+	StatusAddr string
 	// Ports are the ports of those addresses.
 	Ports Ports
 	// TLS reports whether the ext_proc port serves TLS, as logged.
@@ -80,6 +84,9 @@ func (b Binaries) StartEPP(ctx context.Context, o EPPOptions) (*EPP, error) {
 		"--grpc-port=" + strconv.Itoa(o.Ports.GRPC),
 		"--grpc-health-port=" + strconv.Itoa(o.Ports.Health),
 		"--metrics-port=" + strconv.Itoa(o.Ports.Metrics),
+		// The status page's own listener on a port the kernel chooses,
+		// so that pickers of parallel tests do not collide.
+		"--status-port=0",
 		"--secure-serving=" + strconv.FormatBool(o.TLS),
 		// A picker on loopback has no endpoints controller to wait for
 		// after SIGTERM: stop accepting at once, as before the delay
@@ -114,13 +121,13 @@ func (b Binaries) StartEPP(ctx context.Context, o EPPOptions) (*EPP, error) {
 // learnAddrs reads the addresses from the picker's serving line.
 func (p *EPP) learnAddrs(ctx context.Context) error {
 	var line struct {
-		GRPC, Health, Metrics string
-		TLS                   bool
+		GRPC, Health, Metrics, Status string
+		TLS                           bool
 	}
 	if err := awaitFields(ctx, p.Proc, pickerServing, p.opts.Proc.readyTimeout(), &line); err != nil {
 		return err
 	}
-	p.GRPCAddr, p.HealthAddr, p.MetricsAddr, p.TLS = line.GRPC, line.Health, line.Metrics, line.TLS
+	p.GRPCAddr, p.HealthAddr, p.MetricsAddr, p.StatusAddr, p.TLS = line.GRPC, line.Health, line.Metrics, line.Status, line.TLS
 	for _, a := range []struct {
 		addr string
 		port *int

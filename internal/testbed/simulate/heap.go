@@ -10,6 +10,7 @@ const (
 	evRetry                 // a request answered 429 is offered again (idx: request)
 	evDeadline              // a queued request's wait budget runs out
 	evTransfer              // a disaggregated request's KV cache reaches its decode server (idx: request)
+	evRestart               // a server restarts (idx: Options.Restarts index)
 )
 
 // event is one future happening. Events of one instant are processed in

@@ -44,6 +44,16 @@ type Policy struct {
 	Baseline bool
 }
 
+// Auto reports whether some class of the policy has an auto threshold.
+func (p *Policy) Auto() bool {
+	for _, b := range p.Compiled.Busy {
+		if b.Auto {
+			return true
+		}
+	}
+	return false
+}
+
 // newPicker returns the picker of the policy's run.
 func (p *Policy) newPicker(seed uint64) sched.Chooser {
 	switch p.Picker {
@@ -227,13 +237,15 @@ func traceClasses(t *Trace) *policy.Config {
 	return cfg
 }
 
-// withoutThresholds is c with no busy test anywhere: no class queues.
+// withoutThresholds is c with no busy test anywhere (prefill_busy_threshold
+// none, not the auto default): no class queues.
 func withoutThresholds(c *policy.Config) *policy.Config {
 	strip := func(p policy.Profile) policy.Profile {
 		p.Classes = slices.Clone(p.Classes)
 		for i := range p.Classes {
 			cl := &p.Classes[i]
 			cl.PrefillBusyThreshold, cl.PrefillBusyThresholdFrac, cl.BusyWorkerRatio = nil, nil, nil
+			cl.BusyMode = policy.BusyNone
 			cl.MaxQueueWait = 0
 		}
 		return p

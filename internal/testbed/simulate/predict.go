@@ -27,13 +27,20 @@ type Prediction struct {
 // sequences, max_num_batched_tokens 8192, no prefix caching, 40,000
 // prefill tokens/s, 10 ms per output token).
 func PredictWeightedShare(premiumQuantum, regularQuantum uint64, perClass int) (Prediction, error) {
+	return PredictWeightedShareThreshold(premiumQuantum, regularQuantum, perClass, "1536")
+}
+
+// PredictWeightedShareThreshold is PredictWeightedShare with the policy's
+// prefill_busy_threshold set to threshold (workload.PolicyYAMLThreshold):
+// a policy with auto is scraped at the picker's default interval.
+func PredictWeightedShareThreshold(premiumQuantum, regularQuantum uint64, perClass int, threshold string) (Prediction, error) {
 	var pr Prediction
 	spec := fmt.Sprintf("class=premium,arrival=once,count=%d,prompt=512,output=1;class=regular,arrival=once,count=%[1]d,prompt=512,output=1", perClass)
 	t, err := Generate(spec, 1)
 	if err != nil {
 		return pr, err
 	}
-	cfg, err := policy.LoadYAML([]byte(workload.PolicyYAML(premiumQuantum, regularQuantum)))
+	cfg, err := policy.LoadYAML([]byte(workload.PolicyYAMLThreshold(premiumQuantum, regularQuantum, threshold)))
 	if err != nil {
 		return pr, err
 	}

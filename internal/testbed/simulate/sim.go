@@ -18,7 +18,10 @@ type Options struct {
 	Seed uint64
 	// ScrapeInterval, when > 0, feeds each server's engine metrics to the
 	// core every interval (staggered across servers), as the picker's
-	// scraper does, and makes the core expect them. 0: no scraping.
+	// scraper does, and makes the core expect them. 0: no scraping, except
+	// for a policy with an auto threshold, which reads the engine's
+	// counters as the picker does: it is scraped at the picker's default
+	// interval (podmetrics.DefaultScrapeInterval).
 	ScrapeInterval time.Duration
 	// Retries is how many times a request answered 429 is offered again,
 	// RetryDelay after each answer. 0: a 429 is final.
@@ -36,6 +39,21 @@ type Options struct {
 	// NoLoRAAffinity turns off the picker's LoRA tier (--lora-affinity
 	// false): the baseline adapter placement.
 	NoLoRAAffinity bool
+	// Restarts restart servers during the run.
+	Restarts []Restart
+}
+
+// Restart is a server restarting, possibly with another engine: the
+// requests it holds fail (503), its counters start from zero, and the
+// picker is told the new engine's max_num_batched_tokens (as a new pod's
+// configuration tells it).
+type Restart struct {
+	// After is the time since the trace's first arrival.
+	After time.Duration
+	// Server is the index of the server in the fleet.
+	Server int
+	// Engine is the engine it runs from then on.
+	Engine engine.Config
 }
 
 // DefaultPrefixCacheTTL is the picker's --prefix-cache-ttl default.
@@ -86,6 +104,17 @@ type Result struct {
 	Instants int64
 	// LoRALoads counts the adapter loads of every server's engine.
 	LoRALoads uint64
+	// Thresholds is, per server, its auto threshold after each scrape
+	// (empty for a policy without auto classes).
+	Thresholds [][]ThresholdPoint
+}
+
+// ThresholdPoint is one server's auto threshold at one scrape, with what
+// the engine showed.
+type ThresholdPoint struct {
+	At        int64
+	Threshold uint64
+	Waiting   int
 }
 
 // Simulated requests whose ticket is in the core or whose grant is held by
@@ -154,6 +183,9 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 		return nil, err
 	}
 	pol := sched.FromCompiled(p.Compiled)
+	if opts.ScrapeInterval == 0 && p.Auto() {
+		opts.ScrapeInterval = podmetrics.DefaultScrapeInterval
+	}
 	bs, capacity := 0, uint64(math.MaxUint64)
 	for _, s := range f.Servers {
 		bs = max(bs, s.Engine.BlockSize)
@@ -208,6 +240,15 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 			r.scrape(t0, s)
 			r.h.push(event{at: t0 + int64(opts.ScrapeInterval)*(1+int64(i))/n, kind: evScrape, idx: int32(i)})
 		}
+	}
+	for i, rs := range opts.Restarts {
+		if rs.Server < 0 || rs.Server >= len(r.servers) {
+			return nil, fmt.Errorf("restart %d: no server %d", i, rs.Server)
+		}
+		if err := rs.Engine.Validate(); err != nil {
+			return nil, fmt.Errorf("restart %d: %w", i, err)
+		}
+		r.h.push(event{at: t0 + int64(rs.After), kind: evRestart, idx: int32(i)})
 	}
 	r.loop()
 	for _, s := range r.servers {
@@ -282,6 +323,8 @@ func (r *run) loop() {
 				r.deadline = -1 // the Drain below sheds what expired
 			case evTransfer:
 				r.decode(t, ev.idx)
+			case evRestart:
+				r.restart(t, r.opts.Restarts[ev.idx])
 			}
 		}
 		for next < len(arr) && reqs[arr[next]].Arrival == t {
@@ -512,4 +555,43 @@ func (r *run) scrape(now int64, s *server) {
 	c0 := time.Now()
 	r.core.SetMetrics(now, s.Addr, m, false)
 	r.res.CoreTime += time.Since(c0)
+	if t, ok := r.core.AutoThreshold(s.Addr); ok {
+		if r.res.Thresholds == nil {
+			r.res.Thresholds = make([][]ThresholdPoint, len(r.servers))
+		}
+		r.res.Thresholds[s.idx] = append(r.res.Thresholds[s.idx], ThresholdPoint{At: now, Threshold: t, Waiting: st.Waiting})
+	}
+}
+
+// restart replaces a server's engine at t (Options.Restarts): what the old
+// one held fails with 503, and the picker gets the new step budget.
+func (r *run) restart(t int64, rs Restart) {
+	s := r.servers[rs.Server]
+	var held []*engine.Seq
+	s.eng.Running(func(q *engine.Seq) { held = append(held, q) })
+	s.eng.Waiting(func(q *engine.Seq) { held = append(held, q) })
+	for _, q := range held {
+		sl := q.Data.(*slot)
+		o := &r.res.Outcomes[sl.idx]
+		o.Status = 503
+		r.core.Release(sl.grant, sched.EventDone)
+		sl.grant = nil
+		r.free = append(r.free, sl)
+		r.done++
+	}
+	cfg := rs.Engine
+	cfg.Coalesce, cfg.MaxLag = true, 0
+	eng, err := engine.New(cfg)
+	if err != nil {
+		panic(fmt.Sprintf("simulate: restart: %v (Run validated it)", err)) // unreachable
+	}
+	s.eng, s.Engine = eng, rs.Engine
+	s.gen++
+	s.pending = false
+	eps := make([]sched.Endpoint, 0, len(r.servers))
+	for _, x := range r.servers {
+		eps = append(eps, sched.Endpoint{Addr: x.Addr, MaxBatchedTokens: uint64(x.Engine.MaxNumBatchedTokens)})
+	}
+	r.core.SetEndpoints(t, eps)
+	r.touch(s)
 }

@@ -85,7 +85,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Picker, "picker", c.Picker, "endpoint choice of the policy files' runs: prefix (prefix-cache overlap plus load, the picker's default) or least-loaded")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of --generate, of the assignment rules, of --jitter and of the picker's tie-breaks")
 	fs.StringVar(&c.Out, "out", c.Out, "output folder: DIR/<policy>/requests.jsonl, DIR/summary.json, DIR/*.png and *.svg")
-	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", c.ScrapeInterval, "feed each server's engine metrics to the picker this often, as its scraper would (0: no scraping)")
+	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", c.ScrapeInterval, "feed each server's engine metrics to the picker this often, as its scraper would (0: no scraping, except a policy with an auto threshold, scraped every 100ms as the picker does)")
 	fs.IntVar(&c.Retries, "retry-429", c.Retries, "offer a request answered 429 again, up to this many times (0: a 429 is final)")
 	fs.DurationVar(&c.RetryDelay, "retry-delay", c.RetryDelay, "wait before offering a 429'd request again")
 	fs.DurationVar(&c.PrefixCacheTTL, "prefix-cache-ttl", c.PrefixCacheTTL, "the picker's prefix index ages entries this long after their last use (0: by capacity only)")

@@ -126,10 +126,11 @@ func TestPredictWeightedShare(t *testing.T) {
 	}
 }
 
-// TestSingleClassNeverQueues: a class without a busy threshold never
-// holds a request, however overloaded the fleet.
+// TestSingleClassNeverQueues: a class without a busy threshold
+// (prefill_busy_threshold none; the default is auto) never holds a
+// request, however overloaded the fleet.
 func TestSingleClassNeverQueues(t *testing.T) {
-	pol := writeFile(t, "one.yaml", "policy_classes:\n  - name: only\n    queue_policy: fcfs\n    quantum: 1\n")
+	pol := writeFile(t, "one.yaml", "policy_classes:\n  - name: only\n    queue_policy: fcfs\n    quantum: 1\n    prefill_busy_threshold: none\n")
 	c := DefaultConfig()
 	c.Generate = "rate=400,prompt=200-2000,output=~50,duration=20s"
 	c.Policies = []string{pol}

@@ -67,6 +67,16 @@ func TestBenchQuality(t *testing.T) {
 			t.Errorf("%d of %d requests completed", f.Total.Completed, f.Requests)
 		}
 	})
+	t.Run("auto dynamics", func(t *testing.T) {
+		f, err := RunDynamics(filepath.Join(out, "auto-dynamics"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		WriteDynamics(w, f)
+		for _, m := range f.Misses() {
+			t.Error(m)
+		}
+	})
 	runTraces(t, w, out)
 	t.Run("lora", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -78,6 +88,23 @@ func TestBenchQuality(t *testing.T) {
 		WriteLoRA(w, f)
 		for _, m := range f.Misses() {
 			t.Error(m)
+		}
+	})
+	// The auto threshold through the real processes agrees with its
+	// simulation on throughput (issue 26): judged, as throughput depends
+	// on the engines' timing model, not on this machine's speed.
+	t.Run("auto both ways", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		f, err := RunTwoWayPolicy(ctx, binDir(t), filepath.Join(out, "auto-both-ways"), AutoTwoClassPolicy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(w, "auto threshold, ")
+		WriteTwoWay(w, f)
+		if m := f.ThroughputMiss(); m > MaxAutoThroughputMiss || m < -MaxAutoThroughputMiss {
+			t.Errorf("auto: output %.0f tokens/s through the real processes, %.0f simulated (%+.1f%%), want within 5%%",
+				f.RealOutputTokensPerS, f.SimOutputTokensPerS, 100*m)
 		}
 	})
 	t.Run("both ways", func(t *testing.T) {

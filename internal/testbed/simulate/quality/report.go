@@ -57,5 +57,17 @@ func WriteTwoWay(w io.Writer, f *TwoWayFigures) {
 	for _, c := range f.Classes {
 		fmt.Fprintf(w, "  %-12s %8.0f / %-8.0f ms  %8.0f / %-8.0f ms  %5d / %d\n", c.Class, c.RealP50, c.SimP50, c.RealP99, c.SimP99, c.RealFirstN, c.SimFirstN)
 	}
-	fmt.Fprintf(w, "  makespan real %.1f s, simulated %.1f s\n", f.RealMakespanS, f.SimMakespanS)
+	fmt.Fprintf(w, "  makespan real %.1f s, simulated %.1f s; output real %.0f tokens/s, simulated %.0f (%+.1f%%)\n",
+		f.RealMakespanS, f.SimMakespanS, f.RealOutputTokensPerS, f.SimOutputTokensPerS, 100*f.ThroughputMiss())
+}
+
+// WriteDynamics prints the auto threshold's settle times.
+func WriteDynamics(w io.Writer, f *DynamicsFigures) {
+	for _, r := range []DynamicsRun{f.LoadStep, f.EngineChange} {
+		fmt.Fprintf(w, "auto threshold, %s:\n", r.Name)
+		for i, c := range r.Changes {
+			fmt.Fprintf(w, "  change at %s: %d tokens before, settled after %.1f s\n", c, r.Levels[i], r.Settle[i].Seconds())
+		}
+		fmt.Fprintf(w, "  at the end of the run: %d tokens\n", r.Levels[len(r.Levels)-1])
+	}
 }

@@ -59,8 +59,34 @@ type TwoWayFigures struct {
 	Spec                        string
 	Requests, N                 int
 	RealMakespanS, SimMakespanS float64
-	Classes                     []ClassComparison
+	// Output tokens per second both ways: the completed requests' output
+	// tokens over the makespan.
+	RealOutputTokensPerS, SimOutputTokensPerS float64
+	Classes                                   []ClassComparison
 }
+
+// MaxAutoThroughputMiss is how far the auto threshold's throughput
+// through the real processes may lie from its simulation (issue 26).
+const MaxAutoThroughputMiss = 0.05
+
+// ThroughputMiss is the real run's output tokens/s relative to the
+// simulated one's, less 1.
+func (f *TwoWayFigures) ThroughputMiss() float64 {
+	return f.RealOutputTokensPerS/f.SimOutputTokensPerS - 1
+}
+
+// AutoTwoClassPolicy is TwoClassPolicy with the default busy threshold,
+// auto, in place of one step budget.
+const AutoTwoClassPolicy = `# The scheduling-quality benchmark's policy with prefill_busy_threshold auto.
+policy_classes:
+  - name: interactive
+    queue_policy: fcfs
+    quantum: 3000
+  - name: batch
+    queue_policy: fcfs
+    quantum: 1000
+default_policy_class: batch
+`
 
 // Agreement lists where the two ways disagree beyond issue 16's bands for
 // a quiet machine: TTFT p50 within 20%, first-N shares within ±5%.
@@ -83,6 +109,12 @@ func (f *TwoWayFigures) Agreement() []string {
 // gateway), writing the processes' logs and the simulator's outputs to
 // dir.
 func RunTwoWay(ctx context.Context, binDir, dir string) (*TwoWayFigures, error) {
+	return RunTwoWayPolicy(ctx, binDir, dir, TwoClassPolicy)
+}
+
+// RunTwoWayPolicy is RunTwoWay with another policy (YAML text) over the
+// same two classes.
+func RunTwoWayPolicy(ctx context.Context, binDir, dir, policyYAML string) (*TwoWayFigures, error) {
 	ec := twoWayEngine()
 	capSpec := fmt.Sprintf("class=interactive,arrival=once,count=1600,%s;class=batch,arrival=once,count=400,%s", twoWayInter, twoWayBatch)
 	res, sum, err := runSpec(capSpec, twoWayServers, ec, []string{simulate.BaselineNone}, "")
@@ -96,7 +128,7 @@ func RunTwoWay(ctx context.Context, binDir, dir string) (*TwoWayFigures, error) 
 		return nil, err
 	}
 	pol := filepath.Join(dir, "laneway.yaml")
-	if err := os.WriteFile(pol, []byte(TwoClassPolicy), 0o644); err != nil {
+	if err := os.WriteFile(pol, []byte(policyYAML), 0o644); err != nil {
 		return nil, err
 	}
 
@@ -142,6 +174,16 @@ func RunTwoWay(ctx context.Context, binDir, dir string) (*TwoWayFigures, error) 
 		realLast = max(realLast, r.end)
 	}
 	f.RealMakespanS = float64(realLast) / 1e9
+	var realOut, simOut int64
+	for i, q := range setup.Trace.Requests {
+		if realOK[i] {
+			realOut += int64(q.OutputTokens)
+		}
+		if simOK[i] {
+			simOut += int64(q.OutputTokens)
+		}
+	}
+	f.RealOutputTokensPerS, f.SimOutputTokensPerS = float64(realOut)/f.RealMakespanS, float64(simOut)/f.SimMakespanS
 	n := min(count(simOK), count(realOK)) / 2
 	f.N = n
 	simFirst, realFirst := firstN(simEnds, simOK, n), firstN(realEnds, realOK, n)

@@ -1,0 +1,270 @@
+package autothreshold
+
+import (
+	"testing"
+	"time"
+)
+
+const ms = int64(time.Millisecond)
+
+// feed observes one sample every 100 ms from t0 until a decision (five
+// scrapes: 0, 100, ..., 500 ms) and returns the last move.
+func feed(c *Controller, t0 int64, s Sample) (Move, int64) {
+	var m Move
+	at := t0
+	for i := 0; i < 6; i++ {
+		s.At = at
+		m = c.Observe(s)
+		at += 100 * ms
+		if m != Hold {
+			break
+		}
+	}
+	return m, at
+}
+
+func TestRule(t *testing.T) {
+	tests := []struct {
+		name   string
+		budget uint64
+		start  uint64 // threshold before the window (0: the start value)
+		s      Sample
+		move   Move
+		want   uint64
+	}{
+		{name: "starts at 7/8 of the step budget, holds in the band",
+			budget: 8192, s: Sample{Waiting: 2, HasWaiting: true, Load: 9000, MeanPrompt: 512, Held: true},
+			move: Hold, want: 7168},
+		{name: "below the start, a starved engine: raise by T/8",
+			budget: 8192, start: 4096, s: Sample{Waiting: 0, HasWaiting: true, Running: 8, HasRunning: true, Load: 4096, MeanPrompt: 512, Held: true},
+			move: Raise, want: 4096 + 512},
+		{name: "a raise below the start stops at the start",
+			budget: 8192, start: 7000, s: Sample{Waiting: 0, HasWaiting: true, Running: 8, HasRunning: true, Load: 7000, MeanPrompt: 512, Held: true},
+			move: Raise, want: 7168},
+		{name: "at the start, an engine that is busy but queues nothing: hold",
+			budget: 8192, s: Sample{Waiting: 0, HasWaiting: true, Running: 16, HasRunning: true, Load: 7168, MeanPrompt: 512, Held: true},
+			move: Hold, want: 7168},
+		{name: "at the start, an idle engine with work held: raise",
+			budget: 8192, s: Sample{Waiting: 0, HasWaiting: true, Running: 0, HasRunning: true, Load: 7168, MeanPrompt: 512, Held: true},
+			move: Raise, want: 7168 + 896},
+		{name: "an idle engine without a running count is not idle",
+			budget: 8192, s: Sample{Waiting: 0, HasWaiting: true, Load: 7168, MeanPrompt: 512, Held: true},
+			move: Hold, want: 7168},
+		{name: "raise is at most half the band",
+			budget: 8192, start: 30000, s: Sample{Waiting: 0, HasWaiting: true, HasRunning: true, Load: 30000, MeanPrompt: 512, Held: true},
+			move: Raise, want: 30000 + 1024},
+		{name: "raise is at least one prompt",
+			budget: 8192, start: 600, s: Sample{Waiting: 0, HasWaiting: true, Load: 600, MeanPrompt: 512, Held: true},
+			move: Raise, want: 600 + 512},
+		{name: "raise stops at the ceiling",
+			budget: 8192, start: 4*8192 - 100, s: Sample{Waiting: 0, HasWaiting: true, HasRunning: true, Load: 32000, MeanPrompt: 512, Held: true},
+			move: Raise, want: 4 * 8192},
+		{name: "engine empty but nothing held: hold",
+			budget: 8192, s: Sample{Waiting: 0, HasWaiting: true, HasRunning: true, Load: 100, MeanPrompt: 512},
+			move: Hold, want: 7168},
+		{name: "queue over the band: lower to the intake plus one prompt",
+			budget: 8192, s: Sample{Waiting: 12, HasWaiting: true, Load: 16 * 512, MeanPrompt: 512, Held: true},
+			move: Lower, want: 4*512 + 512},
+		{name: "lower stops at the floor",
+			budget: 8192, s: Sample{Waiting: 100, HasWaiting: true, Load: 0, MeanPrompt: 100},
+			move: Lower, want: 512},
+		{name: "lower is at least one prompt",
+			budget: 8192, start: 3000, s: Sample{Waiting: 6, HasWaiting: true, Load: 100000, MeanPrompt: 512},
+			move: Lower, want: 3000 - 512},
+		{name: "no waiting count: hold",
+			budget: 8192, start: 4096, s: Sample{Waiting: 0, HasRunning: true, Load: 8192, MeanPrompt: 512, Held: true},
+			move: Hold, want: 4096},
+		{name: "unknown budget never raises",
+			budget: 0, s: Sample{Waiting: 0, HasWaiting: true, Load: 8192, MeanPrompt: 512, Held: true},
+			move: Hold, want: UnknownBudget},
+		{name: "unknown budget lowers on a queue",
+			budget: 0, s: Sample{Waiting: 10, HasWaiting: true, Load: 12 * 512, MeanPrompt: 512, Held: true},
+			move: Lower, want: 1024 + 512},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := New(tt.budget)
+			if tt.start != 0 {
+				c.t = tt.start
+			}
+			m, _ := feed(c, 0, tt.s)
+			if m != tt.move || c.Threshold() != tt.want {
+				t.Fatalf("move %v threshold %d, want %v %d", m, c.Threshold(), tt.move, tt.want)
+			}
+		})
+	}
+}
+
+// A window decides only when every scrape of it agreed.
+func TestMixedWindowHolds(t *testing.T) {
+	c := New(8192)
+	for i, w := range []int{0, 0, 3, 0, 0, 0} {
+		if m := c.Observe(Sample{At: int64(i) * 100 * ms, Waiting: w, HasWaiting: true, Load: 8192, MeanPrompt: 512, Held: true}); m != Hold {
+			t.Fatalf("scrape %d: %v", i, m)
+		}
+	}
+	for i, w := range []int{20, 20, 1, 20, 20, 20} {
+		if m := c.Observe(Sample{At: int64(i+6) * 100 * ms, Waiting: w, HasWaiting: true, Load: 8192, MeanPrompt: 512}); m != Hold {
+			t.Fatalf("scrape %d: %v", i, m)
+		}
+	}
+	if c.Threshold() != 7168 {
+		t.Fatalf("threshold %d", c.Threshold())
+	}
+}
+
+// A window needs Window and MinScrapes both.
+func TestWindowLength(t *testing.T) {
+	c := New(8192)
+	s := Sample{Waiting: 0, HasWaiting: true, Load: 8192, MeanPrompt: 512, Held: true}
+	for i := 0; i < 10; i++ { // ten scrapes in 450 ms
+		s.At = int64(i) * 50 * ms
+		if m := c.Observe(s); m != Hold {
+			t.Fatalf("scrape %d at %d ms: %v before a full window", i, s.At/ms, m)
+		}
+	}
+	c = New(8192)
+	s.At = 0
+	c.Observe(s)
+	s.At = 2 * Window // two scrapes a long time apart
+	if m := c.Observe(s); m != Hold {
+		t.Fatalf("two scrapes decided %v", m)
+	}
+}
+
+func TestReset(t *testing.T) {
+	c := New(8192)
+	feed(c, 0, Sample{Waiting: 30, HasWaiting: true, MeanPrompt: 512})
+	if c.Threshold() >= 7168 {
+		t.Fatalf("no lower: %d", c.Threshold())
+	}
+	c.Reset(4096)
+	lo, hi := c.Bounds()
+	if c.Threshold() != 3584 || lo != 256 || hi != 16384 || c.Budget() != 4096 {
+		t.Fatalf("after reset: %d in [%d, %d], budget %d", c.Threshold(), lo, hi, c.Budget())
+	}
+}
+
+// engineModel is a steady engine that takes intake tokens between scrapes
+// (and is never idle): whatever the threshold lets the picker put beyond
+// that waits.
+func engineModel(threshold, intake, prompt uint64) Sample {
+	load := threshold + prompt/2
+	waiting := 0
+	if load > intake {
+		waiting = int((load - intake) / prompt)
+	}
+	return Sample{Waiting: waiting, HasWaiting: true, Running: 1, HasRunning: true, Load: load, MeanPrompt: prompt, Held: true}
+}
+
+// Against a steady engine the threshold settles and then holds: at most
+// one reversal, and no move once settled, in the band, or at the start
+// with an engine that takes all it is given.
+func TestSettlesWithoutOscillation(t *testing.T) {
+	for _, tc := range []struct{ budget, intake, prompt uint64 }{
+		{8192, 8000, 512}, {8192, 2048, 512}, {8192, 20000, 512}, {4096, 3000, 128},
+		{8192, 700, 512}, {2048, 30000, 2000},
+	} {
+		c := New(tc.budget)
+		var moves []Move
+		at := int64(0)
+		for w := 0; w < 60; w++ {
+			var m Move
+			m, at = feed(c, at, engineModel(c.Threshold(), tc.intake, tc.prompt))
+			if m != Hold {
+				moves = append(moves, m)
+			}
+		}
+		reversals := 0
+		for i := 1; i < len(moves); i++ {
+			if moves[i] != moves[i-1] {
+				reversals++
+			}
+		}
+		if reversals > 1 {
+			t.Errorf("%+v: moves %v", tc, moves)
+		}
+		before := c.Threshold()
+		for w := 0; w < 10; w++ {
+			_, at = feed(c, at, engineModel(c.Threshold(), tc.intake, tc.prompt))
+		}
+		if c.Threshold() != before {
+			t.Errorf("%+v: still moving after 60 windows: %d then %d", tc, before, c.Threshold())
+		}
+		s := engineModel(c.Threshold(), tc.intake, tc.prompt)
+		lo, hi := c.Bounds()
+		inBand := s.Waiting > 0 && uint64(s.Waiting)*tc.prompt <= c.Band(tc.prompt)
+		atStart := s.Waiting == 0 && c.Threshold() == tc.budget*StartNum/StartDen
+		if !inBand && !atStart && c.Threshold() != lo && c.Threshold() != hi {
+			t.Errorf("%+v: settled at %d with %d waiting, outside the band and the bounds", tc, c.Threshold(), s.Waiting)
+		}
+	}
+}
+
+// FuzzInvariants drives a controller with arbitrary scrapes and checks,
+// after each, the invariants the package documentation promises: the
+// threshold within its bounds, no raise while the engine's waiting queue
+// is over the band, no lower while the engine shows no waiting request and
+// the picker holds some.
+func FuzzInvariants(f *testing.F) {
+	f.Add(uint64(8192), []byte{0, 0, 0, 0, 0, 0, 0, 0, 20, 20, 20, 20, 20, 20, 1, 2, 3})
+	f.Add(uint64(0), []byte{9, 9, 9, 9, 9, 9, 9, 0, 0, 0})
+	f.Add(uint64(256), []byte{255, 1, 255, 1, 0, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, budget uint64, ops []byte) {
+		budget %= 1 << 24
+		c := New(budget)
+		lo, hi := c.Bounds()
+		at := int64(0)
+		for i := 0; i+1 < len(ops); i += 2 {
+			op, arg := ops[i], ops[i+1]
+			if op == 255 {
+				budget = uint64(arg) * 128
+				c.Reset(budget)
+				lo, hi = c.Bounds()
+				continue
+			}
+			at += int64(op%8+1) * 40 * ms
+			s := Sample{
+				At: at, Waiting: int(arg % 64), HasWaiting: op&0x10 == 0,
+				Load: uint64(arg) * uint64(op) * 37, MeanPrompt: uint64(op>>5) * 300,
+				Held: op&0x08 != 0, Running: int(arg>>6) - 1, HasRunning: op&0x20 == 0,
+			}
+			before := c.Threshold()
+			m := c.Observe(s)
+			after := c.Threshold()
+			if after < lo || after > hi {
+				t.Fatalf("op %d: threshold %d outside [%d, %d]", i, after, lo, hi)
+			}
+			if (m == Raise) != (after > before) || (m == Lower) != (after < before) {
+				t.Fatalf("op %d: move %v but %d -> %d", i, m, before, after)
+			}
+			p := max(s.MeanPrompt, 1)
+			if s.HasWaiting && uint64(s.Waiting)*p > c.Band(p) && after > before {
+				t.Fatalf("op %d: raised %d -> %d with %d waiting over the band %d", i, before, after, s.Waiting, c.Band(p))
+			}
+			if s.HasWaiting && s.Waiting == 0 && s.Held && after < before {
+				t.Fatalf("op %d: lowered %d -> %d while the engine idled with work held", i, before, after)
+			}
+		}
+	})
+}
+
+// Below the start, an engine whose sequences are all taken is not starved
+// by an empty waiting queue: it is bound by its decodes. Once it has free
+// sequences, it is.
+func TestFullSequencesDoNotRaise(t *testing.T) {
+	c := New(8192)
+	c.t = 2048
+	// A window with 3 waiting (inside the band) shows 16 sequences full.
+	_, at := feed(c, 0, Sample{Waiting: 3, HasWaiting: true, Running: 16, HasRunning: true, MeanPrompt: 512, Load: 2048})
+	full := Sample{Waiting: 0, HasWaiting: true, Running: 16, HasRunning: true, Load: 2048, MeanPrompt: 512, Held: true}
+	m, at := feed(c, at, full)
+	if m != Hold || c.Threshold() != 2048 {
+		t.Fatalf("all 16 sequences running: %v to %d, want a hold", m, c.Threshold())
+	}
+	free := full
+	free.Running = 8
+	if m, _ := feed(c, at, free); m != Raise {
+		t.Fatalf("8 of 16 sequences running: %v, want a raise", m)
+	}
+}
