@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/laneway-dev/laneway/pkg/engine"
+	"github.com/laneway-dev/laneway/pkg/policy"
 	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
@@ -76,6 +77,60 @@ func TestDisaggregatedRun(t *testing.T) {
 	}
 	if s.Total.ITL.P50 <= 0 {
 		t.Errorf("ITL %+v, want figures", s.Total.ITL)
+	}
+}
+
+// TestDisaggregatedAutoRestarts: on a P/D fleet under an auto
+// threshold, every prefill server has a threshold of its own, and a
+// prefill server and a decode server restarting mid-run fail what they
+// held (503), the requests decoding on the restarted decode server after
+// a prefill elsewhere included, while everything else is served: no
+// request is left without an answer and no grant is left charged.
+func TestDisaggregatedAutoRestarts(t *testing.T) {
+	eng := engine.DefaultConfig()
+	f := pdFleet(t, eng, 20*time.Millisecond)
+	tr, err := Generate("rate=20,count=600,prompt=50-3000,output=40", 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := policy.LoadYAML([]byte("policy_classes: [{name: a, quantum: 1000, prefill_busy_threshold: auto}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPolicy("auto", cfg, PickerPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarts := []Restart{{After: 3 * time.Second, Server: 0, Engine: eng}, {After: 5 * time.Second, Server: 2, Engine: eng}}
+	res, err := Run(tr, f, p, Options{Seed: 1, ScrapeInterval: 100 * time.Millisecond, DisaggregateAboveUncachedTokens: 256, Restarts: restarts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed, disagg := 0, 0
+	for i, o := range res.Outcomes {
+		switch o.Status {
+		case 200:
+			if o.Prefill >= 0 {
+				disagg++
+			}
+		case 503:
+			failed++
+		default:
+			t.Fatalf("request %d: status %d, want 200 or 503", i, o.Status)
+		}
+	}
+	if failed == 0 || failed > 200 || disagg < 200 {
+		t.Errorf("%d failed, %d disaggregated of 600: want a few failed by the restarts and most of the rest disaggregated", failed, disagg)
+	}
+	if len(res.Thresholds) != 4 || len(res.Thresholds[0]) == 0 || len(res.Thresholds[1]) == 0 {
+		t.Fatalf("thresholds of %d servers, want the auto threshold of each prefill server", len(res.Thresholds))
+	}
+	// A run whose restarts kept a grant charged would hold the requests
+	// behind it: the last arrival is answered soon after it arrives.
+	last := tr.Requests[tr.byArrival[len(tr.byArrival)-1]]
+	t.Logf("%d failed by the restarts, %d disaggregated", failed, disagg)
+	if end := res.Outcomes[tr.byArrival[len(tr.byArrival)-1]]; end.Status == 200 && time.Duration(end.First-last.Arrival) > 5*time.Second {
+		t.Errorf("last request's first token %v after its arrival", time.Duration(end.First-last.Arrival))
 	}
 }
 

@@ -132,6 +132,10 @@ type slot struct {
 	// on dec (stageDecode); any other request is stageWhole.
 	stage uint8
 	dec   int32
+	// decEpoch is the decode server's epoch when the grant named it: a
+	// restart of that server since fails the request (its sidecar held
+	// it) when the prefill ends or the KV cache arrives.
+	decEpoch uint32
 }
 
 // Stages of a slot's request.
@@ -151,6 +155,10 @@ type server struct {
 	pending bool   // a wake event with gen is in the heap
 	wake    int64
 	touched bool
+	// epoch counts the server's restarts.
+	epoch uint32
+	// loraLoads are the adapter loads of the engines restarts replaced.
+	loraLoads uint64
 }
 
 // run is one policy's simulation.
@@ -252,7 +260,7 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 	}
 	r.loop()
 	for _, s := range r.servers {
-		r.res.LoRALoads += s.eng.Stats().LoRALoads
+		r.res.LoRALoads += s.loraLoads + s.eng.Stats().LoRALoads
 	}
 	r.res.Wall = time.Since(start)
 	return r.res, nil
@@ -440,7 +448,7 @@ func (r *run) handleLeaves(t int64, leaves []sched.Leave) {
 			// prefill server with max_tokens 1 first (decode, below).
 			pi := r.byAddr[p]
 			o.Prefill = pi
-			sl.stage, sl.dec = stagePrefill, si
+			sl.stage, sl.dec, sl.decEpoch = stagePrefill, si, r.servers[si].epoch
 			r.submit(t, sl, r.servers[pi], q, l.Grant, engine.Request{MaxTokens: 1})
 			continue
 		}
@@ -478,6 +486,10 @@ func (r *run) decode(t int64, i int32) {
 	sl := r.transfers[i]
 	delete(r.transfers, i)
 	s := r.servers[sl.dec]
+	if s.epoch != sl.decEpoch {
+		r.fail(sl) // the decode server restarted while the KV cache travelled
+		return
+	}
 	// The server's step may end at t too: complete it before the Submit,
 	// as at every instant.
 	r.evs = s.eng.Advance(t, r.evs[:0])
@@ -531,6 +543,10 @@ func (r *run) prefillEvent(ev engine.Event, sl *slot, o *Outcome) {
 		o.Start = ev.At
 		o.EngineCached = uint32(ev.Seq.CachedTokens)
 	case engine.Done:
+		if r.servers[sl.dec].epoch != sl.decEpoch {
+			r.fail(sl) // the decode server restarted during the prefill
+			return
+		}
 		sl.stage = stageTransfer
 		r.transfers[sl.idx] = sl
 		r.h.push(event{at: ev.At + int64(r.servers[sl.dec].KVTransferTime), kind: evTransfer, idx: sl.idx})
@@ -564,21 +580,19 @@ func (r *run) scrape(now int64, s *server) {
 }
 
 // restart replaces a server's engine at t (Options.Restarts): what the old
-// one held fails with 503, and the picker gets the new step budget.
+// one held fails with 503, and the picker gets the new step budget. The
+// disaggregated requests it was the decode server of, still prefilling
+// elsewhere or in transfer, fail when they would reach it (decEpoch).
 func (r *run) restart(t int64, rs Restart) {
 	s := r.servers[rs.Server]
 	var held []*engine.Seq
 	s.eng.Running(func(q *engine.Seq) { held = append(held, q) })
 	s.eng.Waiting(func(q *engine.Seq) { held = append(held, q) })
 	for _, q := range held {
-		sl := q.Data.(*slot)
-		o := &r.res.Outcomes[sl.idx]
-		o.Status = 503
-		r.core.Release(sl.grant, sched.EventDone)
-		sl.grant = nil
-		r.free = append(r.free, sl)
-		r.done++
+		r.fail(q.Data.(*slot))
 	}
+	s.loraLoads += s.eng.Stats().LoRALoads
+	s.epoch++
 	cfg := rs.Engine
 	cfg.Coalesce, cfg.MaxLag = true, 0
 	eng, err := engine.New(cfg)
@@ -590,8 +604,17 @@ func (r *run) restart(t int64, rs Restart) {
 	s.pending = false
 	eps := make([]sched.Endpoint, 0, len(r.servers))
 	for _, x := range r.servers {
-		eps = append(eps, sched.Endpoint{Addr: x.Addr, MaxBatchedTokens: uint64(x.Engine.MaxNumBatchedTokens)})
+		eps = append(eps, sched.Endpoint{Addr: x.Addr, MaxBatchedTokens: uint64(x.Engine.MaxNumBatchedTokens), Role: x.Role})
 	}
 	r.core.SetEndpoints(t, eps)
 	r.touch(s)
+}
+
+// fail ends a granted request with 503 (its server restarted).
+func (r *run) fail(sl *slot) {
+	r.res.Outcomes[sl.idx].Status = 503
+	r.core.Release(sl.grant, sched.EventDone)
+	sl.grant = nil
+	r.free = append(r.free, sl)
+	r.done++
 }
