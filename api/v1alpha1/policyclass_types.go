@@ -146,6 +146,15 @@ type PolicyClassSpec struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	MaxTenants *int64 `json:"maxTenants,omitempty"`
+
+	// DisaggregateAboveUncachedTokens: in a pool with prefill pods (pod
+	// label llm-d.ai/role: prefill), a request of the class whose uncached
+	// prompt tokens are above this is prefilled on a prefill pod and
+	// decoded on a decode pod; at or below it the decode pod prefills it
+	// itself. Absent: the picker's --disaggregate-above-uncached-tokens.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	DisaggregateAboveUncachedTokens *int64 `json:"disaggregateAboveUncachedTokens,omitempty"`
 }
 
 // PolicyClassStatus is what the policy controller observed for the class.

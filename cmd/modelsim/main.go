@@ -61,5 +61,6 @@ func logStart(log logr.Logger, srv *modelsim.Server, ln net.Listener, cfg models
 		"maxNumSeqs", cfg.MaxNumSeqs, "maxNumBatchedTokens", cfg.MaxNumBatchedTokens,
 		"prefillTokensPerSec", cfg.PrefillTokensPerSec, "timePerOutputToken", cfg.TimePerOutputToken.String(),
 		"speedup", cfg.Speedup, "schedulingPolicy", cfg.SchedulingPolicy,
-		"blockSize", cfg.BlockSize, "numGPUBlocks", cfg.NumGPUBlocks, "prefixCaching", cfg.EnablePrefixCaching)
+		"blockSize", cfg.BlockSize, "numGPUBlocks", cfg.NumGPUBlocks, "prefixCaching", cfg.EnablePrefixCaching,
+		"role", cfg.Role, "kvTransferTime", cfg.KVTransferTime.String(), "maxLoras", cfg.MaxLoRAs, "loraLoadTime", cfg.LoRALoadTime.String())
 }

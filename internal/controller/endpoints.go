@@ -57,9 +57,13 @@ type EndpointSink interface {
 //     (SPEC §5).
 //
 // defaultMax is the max_num_batched_tokens of pods without the
-// laneway.dev/max-num-batched-tokens annotation. Each problem with an
-// annotation is reported through bad, and the annotation is then ignored.
-func Endpoints(pool *inferencev1.InferencePool, pods []corev1.Pod, defaultMax uint64, bad func(pod string, err error)) []sched.Endpoint {
+// laneway.dev/max-num-batched-tokens annotation. roleLabel is the label key
+// that gives a pod's role in a disaggregated pool (DefaultRoleLabel unless
+// configured); a pod without it is prefill-decode. Each problem with an
+// annotation is reported through bad, and the annotation is then ignored;
+// an unknown role is reported through badRole (the pod serves as
+// prefill-decode).
+func Endpoints(pool *inferencev1.InferencePool, pods []corev1.Pod, defaultMax uint64, roleLabel string, bad, badRole func(pod string, err error)) []sched.Endpoint {
 	var eps []sched.Endpoint
 	for i := range pods {
 		p := &pods[i]
@@ -82,6 +86,10 @@ func Endpoints(pool *inferencev1.InferencePool, pods []corev1.Pod, defaultMax ui
 			}
 		}
 		tainted := p.DeletionTimestamp != nil || strings.TrimSpace(p.Annotations[AnnotationTaint]) == TaintNoSchedule
+		role, err := sched.ParseRole(p.Labels[roleLabel])
+		if err != nil && badRole != nil {
+			badRole(p.Name, fmt.Errorf("label %s: %w", roleLabel, err))
+		}
 		for _, port := range ports {
 			eps = append(eps, sched.Endpoint{
 				Addr: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port))),
@@ -93,6 +101,7 @@ func Endpoints(pool *inferencev1.InferencePool, pods []corev1.Pod, defaultMax ui
 				// The upstream engine-type label picks the metrics mapping
 				// (SPEC §9); empty falls back to --engine-type.
 				Engine: p.Labels[LabelEngineType],
+				Role:   role,
 			})
 		}
 	}
@@ -105,6 +114,11 @@ func Endpoints(pool *inferencev1.InferencePool, pods []corev1.Pod, defaultMax ui
 // LabelEngineType is the upstream pod label naming a model server's engine
 // (vllm, sglang, trtllm).
 const LabelEngineType = "inference.networking.k8s.io/engine-type"
+
+// DefaultRoleLabel is the pod label that gives a pod's role in a
+// disaggregated prefill/decode pool (prefill, decode, prefill-decode, or
+// the deprecated both), llm-d's convention; --role-label overrides the key.
+const DefaultRoleLabel = "llm-d.ai/role"
 
 func podReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
@@ -161,6 +175,7 @@ type endpointReconciler struct {
 	reader     client.Reader
 	pool       types.NamespacedName
 	defaultMax uint64
+	roleLabel  string
 	sink       EndpointSink
 	log        logr.Logger
 	synced     func()
@@ -169,6 +184,9 @@ type endpointReconciler struct {
 	last    []sched.Endpoint
 	pushed  bool
 	missing bool // the pool did not exist at the last resync (logged once)
+	// badRoles are the pods whose unknown role label was logged, with the
+	// message: each is logged once per value, not at every resync.
+	badRoles map[string]string
 }
 
 // Reconcile implements reconcile.Reconciler.
@@ -192,9 +210,16 @@ func (r *endpointReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 				return reconcile.Result{}, fmt.Errorf("list pods of InferencePool %s: %w", r.pool, err)
 			}
 		}
-		eps = Endpoints(&pool, pods.Items, r.defaultMax, func(pod string, err error) {
+		seen := map[string]string{}
+		eps = Endpoints(&pool, pods.Items, r.defaultMax, r.roleLabel, func(pod string, err error) {
 			r.log.V(3).Info("pod annotation ignored", "pod", pod, "reason", err.Error())
+		}, func(pod string, err error) {
+			seen[pod] = err.Error()
+			if r.badRoles[pod] != err.Error() {
+				r.log.Info("warning: pod role label not understood", "pod", pod, "reason", err.Error())
+			}
 		})
+		r.badRoles = seen
 	}
 	if r.pushed && slices.Equal(eps, r.last) {
 		return reconcile.Result{}, nil

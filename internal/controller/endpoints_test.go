@@ -135,6 +135,25 @@ func TestEndpoints(t *testing.T) {
 			},
 		},
 		{
+			name: "the role label puts a pod in the prefill or decode set; unknown roles serve whole requests",
+			pool: testPool(8000),
+			pods: []corev1.Pod{
+				testPod("a", "10.0.0.1", label(DefaultRoleLabel, "prefill")),
+				testPod("b", "10.0.0.2", label(DefaultRoleLabel, "decode")),
+				testPod("c", "10.0.0.3", label(DefaultRoleLabel, "both")),
+				testPod("d", "10.0.0.4", label(DefaultRoleLabel, "prefil")),
+				testPod("e", "10.0.0.5", label("example.com/role", "prefill")),
+			},
+			want: []sched.Endpoint{
+				{Addr: "10.0.0.1:8000", MaxBatchedTokens: 100, Role: sched.RolePrefill},
+				{Addr: "10.0.0.2:8000", MaxBatchedTokens: 100, Role: sched.RoleDecode},
+				ep("10.0.0.3:8000", 100, false),
+				ep("10.0.0.4:8000", 100, false),
+				ep("10.0.0.5:8000", 100, false),
+			},
+			wantBad: []string{`d: label llm-d.ai/role: unknown role "prefil"`},
+		},
+		{
 			name: "a port listed twice is one endpoint",
 			pool: testPool(8000, 8000),
 			pods: []corev1.Pod{testPod("a", "10.0.0.1")},
@@ -144,7 +163,8 @@ func TestEndpoints(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var bad []string
-			got := Endpoints(tt.pool, tt.pods, 100, func(pod string, err error) { bad = append(bad, pod+": "+err.Error()) })
+			report := func(pod string, err error) { bad = append(bad, pod+": "+err.Error()) }
+			got := Endpoints(tt.pool, tt.pods, 100, DefaultRoleLabel, report, report)
 			if !slices.Equal(got, tt.want) {
 				t.Errorf("Endpoints:\n got %+v\nwant %+v", got, tt.want)
 			}

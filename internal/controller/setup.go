@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,6 +57,9 @@ type Config struct {
 	// DefaultMaxBatchedTokens is the max_num_batched_tokens of pods without
 	// the laneway.dev/max-num-batched-tokens annotation.
 	DefaultMaxBatchedTokens uint64
+	// RoleLabel is the pod label key of a pod's prefill/decode role; empty
+	// means DefaultRoleLabel.
+	RoleLabel string
 	// StatusInterval bounds how often pending counts are written.
 	StatusInterval time.Duration
 	// Dispatcher receives the snapshots.
@@ -126,6 +130,7 @@ func Setup(mgr manager.Manager, cfg Config) (*Controllers, error) {
 		reader:     mgr.GetClient(),
 		pool:       cfg.Pool.NamespacedName,
 		defaultMax: cfg.DefaultMaxBatchedTokens,
+		roleLabel:  cmp.Or(cfg.RoleLabel, DefaultRoleLabel),
 		sink:       cfg.Dispatcher,
 		log:        log.WithName("endpoints"),
 		synced:     once(),

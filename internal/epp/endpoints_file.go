@@ -16,28 +16,63 @@ import (
 	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
-// ParseEndpoints reads the contents of an --endpoints-file: ip:port
-// entries, one per line or several separated by commas, with blank lines
-// and everything after a # ignored. Every entry must be an ip:port; the
-// error names each one that is not, with its line.
-func ParseEndpoints(data []byte) ([]string, error) {
-	var eps []string
+// FileEndpoint is one entry of an --endpoints-file: the address and the
+// role the entry gives it (prefill-decode when it names none).
+type FileEndpoint struct {
+	Addr string
+	Role sched.Role
+}
+
+// ParseEndpointsFile reads the contents of an --endpoints-file: entries of
+// an ip:port, optionally followed by a role (prefill, decode,
+// prefill-decode, or the deprecated both) after white space, one per line
+// or several separated by commas, with blank lines and everything after a
+// # ignored. Every entry must start with an ip:port and hold at most a
+// role besides; the error names each one that does not, with its line. An
+// unknown role is not an error: the entry serves whole requests
+// (prefill-decode) and a warning names it.
+func ParseEndpointsFile(data []byte) (eps []FileEndpoint, warnings []string, err error) {
 	var errs []error
 	for n, line := range strings.Split(string(data), "\n") {
 		line, _, _ = strings.Cut(line, "#")
-		for _, ep := range strings.Split(line, ",") {
-			ep = strings.TrimSpace(ep)
-			if ep == "" {
+		for _, entry := range strings.Split(line, ",") {
+			f := strings.Fields(entry)
+			if len(f) == 0 {
 				continue
 			}
-			if err := checkEndpoint(ep); err != nil {
-				errs = append(errs, fmt.Errorf("line %d: %q is not ip:port: %w", n+1, ep, err))
+			if len(f) > 2 {
+				errs = append(errs, fmt.Errorf("line %d: %q: want ip:port and at most a role", n+1, strings.TrimSpace(entry)))
 				continue
 			}
-			eps = append(eps, ep)
+			if err := checkEndpoint(f[0]); err != nil {
+				errs = append(errs, fmt.Errorf("line %d: %q is not ip:port: %w", n+1, f[0], err))
+				continue
+			}
+			e := FileEndpoint{Addr: f[0]}
+			if len(f) == 2 {
+				r, err := sched.ParseRole(f[1])
+				if err != nil {
+					warnings = append(warnings, fmt.Sprintf("line %d: %s: %v", n+1, f[0], err))
+				}
+				e.Role = r
+			}
+			eps = append(eps, e)
 		}
 	}
-	return eps, errors.Join(errs...)
+	return eps, warnings, errors.Join(errs...)
+}
+
+// ParseEndpoints is ParseEndpointsFile's addresses alone.
+func ParseEndpoints(data []byte) ([]string, error) {
+	eps, _, err := ParseEndpointsFile(data)
+	addrs := make([]string, 0, len(eps))
+	for _, e := range eps {
+		addrs = append(addrs, e.Addr)
+	}
+	if len(addrs) == 0 {
+		addrs = nil
+	}
+	return addrs, err
 }
 
 // checkEndpoint accepts an IP address and a port from 1 to 65535:
@@ -58,17 +93,41 @@ func checkEndpoint(ep string) error {
 // --endpoints-file's, else --endpoints. data is the file's content it was
 // parsed from (nil without the file), the version watchEndpoints starts
 // from: a change made after this read is then the first one it applies.
-func standaloneEndpoints(opts *Options) (eps []sched.Endpoint, data []byte, err error) {
-	addrs := opts.Endpoints
-	if path := opts.EndpointsFile; path != "" {
-		if data, err = os.ReadFile(path); err != nil {
-			return nil, nil, fmt.Errorf("--endpoints-file: %w", err)
-		}
-		if addrs, err = ParseEndpoints(data); err != nil {
-			return nil, nil, fmt.Errorf("--endpoints-file %s: %w", path, err)
-		}
+func standaloneEndpoints(opts *Options, log logr.Logger) (eps []sched.Endpoint, data []byte, err error) {
+	path := opts.EndpointsFile
+	if path == "" {
+		return StaticEndpoints(opts.Endpoints, opts.MaxNumBatchedTokens), nil, nil
 	}
-	return StaticEndpoints(addrs, opts.MaxNumBatchedTokens), data, nil
+	if data, err = os.ReadFile(path); err != nil {
+		return nil, nil, fmt.Errorf("--endpoints-file: %w", err)
+	}
+	entries, warnings, err := ParseEndpointsFile(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--endpoints-file %s: %w", path, err)
+	}
+	logRoleWarnings(log, path, warnings)
+	return FileEndpoints(entries, opts.MaxNumBatchedTokens), data, nil
+}
+
+// logRoleWarnings logs each unknown role of an endpoints file.
+func logRoleWarnings(log logr.Logger, path string, warnings []string) {
+	for _, w := range warnings {
+		log.Info("warning: endpoints file role not understood", "path", path, "entry", w)
+	}
+}
+
+// FileEndpoints is the endpoint set of an endpoints file: StaticEndpoints
+// of its addresses, each with its role.
+func FileEndpoints(entries []FileEndpoint, maxBatched uint64) []sched.Endpoint {
+	addrs := make([]string, len(entries))
+	for i, e := range entries {
+		addrs[i] = e.Addr
+	}
+	eps := StaticEndpoints(addrs, maxBatched)
+	for i := range eps {
+		eps[i].Role = entries[i].Role
+	}
+	return eps
 }
 
 // watchEndpoints polls the endpoints file and hands each valid version
@@ -80,13 +139,14 @@ func standaloneEndpoints(opts *Options) (eps []sched.Endpoint, data []byte, err 
 func watchEndpoints(ctx context.Context, opts *Options, initial []byte, d *dispatcher.Dispatcher, log logr.Logger) {
 	path := opts.EndpointsFile
 	pollFile(ctx, path, initial, opts.PolicyPollInterval, func(data []byte) {
-		addrs, err := ParseEndpoints(data)
+		entries, warnings, err := ParseEndpointsFile(data)
 		if err != nil {
 			log.Error(err, "endpoints file rejected; the previous endpoints stay in use", "path", path)
 			return
 		}
-		d.SetEndpoints(StaticEndpoints(addrs, opts.MaxNumBatchedTokens))
-		log.Info("endpoints file reloaded", "path", path, "endpoints", len(addrs))
+		logRoleWarnings(log, path, warnings)
+		d.SetEndpoints(FileEndpoints(entries, opts.MaxNumBatchedTokens))
+		log.Info("endpoints file reloaded", "path", path, "endpoints", len(entries))
 	})
 }
 

@@ -6,6 +6,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 func TestParseEndpoints(t *testing.T) {
@@ -44,6 +48,30 @@ func TestParseEndpoints(t *testing.T) {
 	}
 }
 
+// TestParseEndpointsFileRoles: an entry may name its role after the
+// address; an unknown one serves whole requests with a warning.
+func TestParseEndpointsFileRoles(t *testing.T) {
+	in := "10.0.0.1:8000 prefill\n10.0.0.2:8000   decode , 10.0.0.3:8000 both # mixed\n10.0.0.4:8000\n10.0.0.5:8000 prefil\n10.0.0.6:8000 decode extra\n"
+	got, warnings, err := ParseEndpointsFile([]byte(in))
+	want := []FileEndpoint{
+		{"10.0.0.1:8000", sched.RolePrefill}, {"10.0.0.2:8000", sched.RoleDecode}, {"10.0.0.3:8000", sched.RolePrefillDecode},
+		{"10.0.0.4:8000", sched.RolePrefillDecode}, {"10.0.0.5:8000", sched.RolePrefillDecode},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("entries %v, want %v", got, want)
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], `line 4: 10.0.0.5:8000: unknown role "prefil"`) {
+		t.Errorf("warnings %q, want one for the unknown role", warnings)
+	}
+	if err == nil || !strings.Contains(err.Error(), `line 5: "10.0.0.6:8000 decode extra"`) {
+		t.Errorf("error %v, want one naming the entry with an extra field", err)
+	}
+	eps := FileEndpoints(want[:2], 4096)
+	if eps[0].Role != sched.RolePrefill || eps[1].Role != sched.RoleDecode || eps[1].MaxBatchedTokens != 4096 {
+		t.Errorf("FileEndpoints = %+v", eps)
+	}
+}
+
 func TestEndpointsFileOptions(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -78,34 +106,57 @@ func TestEndpointsFileOptions(t *testing.T) {
 			}
 		})
 	}
-	if _, _, err := standaloneEndpoints(testOptions(func(o *Options) { o.EndpointsFile = t.TempDir() + "/missing" })); err == nil ||
+	if _, _, err := standaloneEndpoints(testOptions(func(o *Options) { o.EndpointsFile = t.TempDir() + "/missing" }), logr.Discard()); err == nil ||
 		!strings.Contains(err.Error(), "--endpoints-file") {
 		t.Errorf("a missing endpoints file: %v, want an error naming --endpoints-file", err)
 	}
 }
 
-// FuzzParseEndpoints: every entry ParseEndpoints returns is an IP address
-// and a port from 1 to 65535, each non-empty entry of the input is either
-// returned or named in the error, and the result parses again to itself.
+// FuzzParseEndpoints: every entry ParseEndpointsFile returns is an IP
+// address and a port from 1 to 65535 with one of the three roles, an
+// unknown role costs at most one warning per entry, ParseEndpoints returns
+// the same addresses, and the result, written back with its roles, parses
+// again to itself without a warning.
 func FuzzParseEndpoints(f *testing.F) {
 	for _, s := range []string{"", "10.0.0.1:8000\n10.0.0.2:8000", " 10.0.0.1:8000 , [fd00::1]:8000 # x\r\n", "foo:bar", "[::1]:x",
-		"10.0.0.1:0", "[fe80::1%eth0]:80", "1.2.3.4:65536", "::1:80", "#only\n,,,\n"} {
+		"10.0.0.1:0", "[fe80::1%eth0]:80", "1.2.3.4:65536", "::1:80", "#only\n,,,\n",
+		"10.0.0.1:8000 prefill\n10.0.0.2:8000\tdecode , [fd00::1]:8000 both", "10.0.0.1:8000 PreFill-Decode", "10.0.0.1:8000 prefil",
+		"10.0.0.1:8000 decode extra", "foo:bar prefill", "decode 10.0.0.1:8000"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		eps, err := ParseEndpoints(data)
-		for _, ep := range eps {
-			ap, perr := netip.ParseAddrPort(ep)
+		eps, warnings, err := ParseEndpointsFile(data)
+		for _, e := range eps {
+			ap, perr := netip.ParseAddrPort(e.Addr)
 			if perr != nil || ap.Port() == 0 {
-				t.Fatalf("accepted %q: %v, port %d", ep, perr, ap.Port())
+				t.Fatalf("accepted %q: %v, port %d", e.Addr, perr, ap.Port())
+			}
+			if e.Role != sched.RolePrefillDecode && e.Role != sched.RolePrefill && e.Role != sched.RoleDecode {
+				t.Fatalf("%q has role %v", e.Addr, e.Role)
+			}
+		}
+		if len(warnings) > len(eps) {
+			t.Fatalf("%d warnings for %d entries: %q", len(warnings), len(eps), warnings)
+		}
+		addrs, aerr := ParseEndpoints(data)
+		if len(addrs) != len(eps) || (aerr == nil) != (err == nil) {
+			t.Fatalf("ParseEndpoints = %q, %v; ParseEndpointsFile = %v, %v", addrs, aerr, eps, err)
+		}
+		for i, a := range addrs {
+			if a != eps[i].Addr {
+				t.Fatalf("ParseEndpoints[%d] = %q, ParseEndpointsFile's %q", i, a, eps[i].Addr)
 			}
 		}
 		if err != nil {
 			return
 		}
-		again, err := ParseEndpoints([]byte(strings.Join(eps, "\n")))
-		if err != nil || !slices.Equal(again, eps) {
-			t.Fatalf("%q parse again to %q, %v", eps, again, err)
+		var b strings.Builder
+		for _, e := range eps {
+			b.WriteString(e.Addr + " " + e.Role.String() + "\n")
+		}
+		again, warnings, err := ParseEndpointsFile([]byte(b.String()))
+		if err != nil || len(warnings) != 0 || !slices.Equal(again, eps) {
+			t.Fatalf("%v parse again to %v, %q, %v", eps, again, warnings, err)
 		}
 	})
 }

@@ -112,7 +112,16 @@ func (h *Handler) Decide(ctx context.Context, req *extproc.Request) (extproc.Dec
 	recycleParsed(ps, t)
 	putTicket(t)
 	handed = true
-	return extproc.Decision{Endpoints: g.Endpoints, Body: body, Lifecycle: g}, nil
+	dec := extproc.Decision{Endpoints: g.Endpoints, Body: body, Lifecycle: g}
+	if p := g.Prefiller(); p != "" {
+		// Disaggregated: the decode pod's sidecar prefills on this pod.
+		dec.Headers = []extproc.Header{{Name: sched.PrefillerHeader, Value: p}}
+	} else if _, ok := req.Headers[sched.PrefillerHeader]; ok {
+		// A client must not choose a prefill pod (or make the sidecar
+		// call any address it likes).
+		dec.RemoveHeaders = []string{sched.PrefillerHeader}
+	}
+	return dec, nil
 }
 
 // allowList combines the subset hint and the conformance test header: a

@@ -1,7 +1,9 @@
 package epp
 
 import (
+	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +74,50 @@ func TestCachedEstimate(t *testing.T) {
 		if got := est(s.class); got != s.want {
 			t.Errorf("step %d (%s): %s, want %s", i, s.class, got, s.want)
 		}
+	}
+}
+
+// grantAcquirer answers every Acquire with a grant to endpoints, naming
+// prefill as the prefill pod when set.
+type grantAcquirer struct {
+	endpoints []string
+	prefill   string
+}
+
+func (a *grantAcquirer) Acquire(context.Context, *sched.Ticket) (*sched.Grant, error) {
+	return sched.NewGrant(a.endpoints, a.prefill), nil
+}
+
+// TestDecidePrefillerHeader: a disaggregated grant names its prefill pod in
+// x-prefiller-host-port; any other grant strips a client's own.
+func TestDecidePrefillerHeader(t *testing.T) {
+	body := []byte(`{"model":"m","prompt":"hello"}`)
+	for _, tc := range []struct {
+		name        string
+		g           grantAcquirer
+		client      bool
+		wantHeaders []extproc.Header
+		wantRemove  []string
+	}{
+		{"disaggregated", grantAcquirer{[]string{"10.0.0.2:8000"}, "10.0.0.1:8000"}, true,
+			[]extproc.Header{{Name: sched.PrefillerHeader, Value: "10.0.0.1:8000"}}, nil},
+		{"whole, client header stripped", grantAcquirer{[]string{"10.0.0.2:8000"}, ""}, true, nil, []string{sched.PrefillerHeader}},
+		{"whole, nothing to strip", grantAcquirer{[]string{"10.0.0.2:8000"}, ""}, false, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &Handler{Parser: BodyParser{}, Dispatcher: &tc.g}
+			req := &extproc.Request{Headers: map[string]string{":path": "/v1/completions"}, Body: body}
+			if tc.client {
+				req.Headers[sched.PrefillerHeader] = "6.6.6.6:1"
+			}
+			d, err := h.Decide(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(d.Headers, tc.wantHeaders) || !slices.Equal(d.RemoveHeaders, tc.wantRemove) {
+				t.Errorf("headers %v remove %v, want %v and %v", d.Headers, d.RemoveHeaders, tc.wantHeaders, tc.wantRemove)
+			}
+		})
 	}
 }
 

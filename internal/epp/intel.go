@@ -1,6 +1,7 @@
 package epp
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -60,6 +61,9 @@ type IntelOptions struct {
 	// MaxEngineQueue is the overload filter's bound on an engine's
 	// waiting requests (0: off).
 	MaxEngineQueue int
+	// LoRAAffinity ranks endpoints where a request's LoRA adapter runs
+	// (then those with room for it) first among equally busy ones.
+	LoRAAffinity bool
 }
 
 // defaultIntelOptions returns the defaults.
@@ -71,6 +75,7 @@ func defaultIntelOptions() IntelOptions {
 		PrefixBlockSize:   sched.DefaultBlockSize,
 		PrefixCacheTokens: affinity.DefaultCapacityTokens,
 		PrefixCacheTTL:    10 * time.Minute,
+		LoRAAffinity:      true,
 	}
 }
 
@@ -85,6 +90,7 @@ func (o *IntelOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&o.PrefixCacheTokens, "prefix-cache-tokens", o.PrefixCacheTokens, "Prompt tokens the prefix index remembers per endpoint until its engine reports its cache size (num_gpu_blocks × block_size).")
 	fs.DurationVar(&o.PrefixCacheTTL, "prefix-cache-ttl", o.PrefixCacheTTL, "How long the prefix index remembers a prompt after its last use (0: forever, bounded by cache size).")
 	fs.IntVar(&o.MaxEngineQueue, "max-engine-queue", o.MaxEngineQueue, "Overload filter (SPEC §5): skip an endpoint whose engine reports more waiting requests than this; when that leaves a request no endpoint it gets 503 naming the filter. 0 turns it off.")
+	fs.BoolVar(&o.LoRAAffinity, "lora-affinity", o.LoRAAffinity, "For a request whose model is a LoRA adapter (as vllm:lora_requests_info reports them), prefer endpoints where the adapter runs, then those with room under max_lora, before load (SPEC §5).")
 	fs.BoolVar(&o.ForwardPriority, "forward-priority", o.ForwardPriority, "Set the body's top-level priority to the request's priority hint in the engine's polarity (vLLM: negated; SGLang: as is; TRT-LLM: not sent). vLLM refuses a non-zero priority unless started with --scheduling-policy priority.")
 }
 
@@ -140,6 +146,10 @@ type intel struct {
 	scraper *podmetrics.Scraper // nil when not scraping
 
 	promptTokens, cachedTokens *prometheus.CounterVec
+	// pd counts disaggregation decisions, lora the LoRA tier of adapter
+	// picks (children made at attach: the label values are fixed).
+	pd   [sched.NumPDDecisions]prometheus.Counter
+	lora [sched.NumLoRAOutcomes]prometheus.Counter
 	// routedTo caches both counters' children per endpoint.
 	routedTo *metrics.Children[routedCounters]
 	// live is the endpoint set in force (nil before the first): Routed
@@ -163,6 +173,7 @@ func (in *intel) configure(o *dispatcher.Options) {
 	o.DefaultEngine = in.engine
 	o.ExpectMetrics = in.opts.ScrapeMetrics
 	o.MaxEngineQueue = in.opts.MaxEngineQueue
+	o.DisableLoRAAffinity = !in.opts.LoRAAffinity
 	o.Prefix = &sched.PrefixOptions{
 		BlockSize: in.opts.PrefixBlockSize,
 		Index:     affinity.IndexOptions{TTL: in.opts.PrefixCacheTTL, DefaultCapacity: in.opts.PrefixCacheTokens},
@@ -217,7 +228,22 @@ func (in *intel) attach(d *dispatcher.Dispatcher, reg prometheus.Registerer) err
 	in.routedTo = metrics.NewChildren(func(ep string) routedCounters {
 		return routedCounters{prompt: in.promptTokens.WithLabelValues(ep), cached: in.cachedTokens.WithLabelValues(ep)}
 	})
-	return errors.Join(reg.Register(in.promptTokens), reg.Register(in.cachedTokens), reg.Register((*intelCollector)(in)))
+	pd := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "laneway_pd_decisions_total",
+		Help: "Requests routed in a pool with prefill pods, by disaggregation decision: disaggregated (prefilled on a prefill pod, decoded on a decode pod), below_threshold (served whole by a decode pod: uncached tokens at or below the class's threshold), no_prefill_endpoint (would have disaggregated; no prefill pod was eligible).",
+	}, []string{"decision"})
+	for _, d := range []sched.PDDecision{sched.PDDisaggregated, sched.PDBelowThreshold, sched.PDNoPrefillEndpoint} {
+		in.pd[d] = pd.WithLabelValues(d.String())
+	}
+	lora := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "laneway_lora_affinity_picks_total",
+		Help: "Picks for requests whose model is a LoRA adapter, by where the pick stood: running (the adapter runs or waits there, or this picker has a request of it there), room (fewer adapters than max_lora there), any (neither, or the balance guard).",
+	}, []string{"outcome"})
+	for _, o := range []sched.LoRAOutcome{sched.LoRARunning, sched.LoRARoom, sched.LoRAAny} {
+		in.lora[o] = lora.WithLabelValues(o.String())
+	}
+	return errors.Join(reg.Register(in.promptTokens), reg.Register(in.cachedTokens), reg.Register(pd), reg.Register(lora),
+		reg.Register((*intelCollector)(in)))
 }
 
 // setTargets is the dispatcher's OnEndpoints hook: scrape what it routes
@@ -256,12 +282,21 @@ func (in *intel) BlockSize() int { return in.disp.BlockSize() }
 // to forward.
 func (in *intel) Routed(req *extproc.Request, t *sched.Ticket, g *sched.Grant, at *tokenize.PrioritySpans) []byte {
 	ep := g.Endpoints[0]
-	if c, ok := in.routedTo.GetIf(ep, in.isLive); ok {
+	if g.PD != sched.PDNone {
+		in.pd[g.PD].Inc()
+	}
+	if g.LoRA != sched.LoRANone {
+		in.lora[g.LoRA].Inc()
+	}
+	// The prompt is computed where it is prefilled: the prefill pod of a
+	// disaggregated request.
+	prefiller := g.Prefiller()
+	if c, ok := in.routedTo.GetIf(cmp.Or(prefiller, ep), in.isLive); ok {
 		c.prompt.Add(float64(t.RawISL))
 		c.cached.Add(float64(t.Cached))
 	}
 	if log := in.log.V(4); log.Enabled() {
-		log.Info("routed", "endpoint", ep, "rawISL", t.RawISL, "cachedTokens", t.Cached, "class", t.Class,
+		log.Info("routed", "endpoint", ep, "prefill", prefiller, "rawISL", t.RawISL, "cachedTokens", t.Cached, "class", t.Class,
 			"priority", t.Priority, "hasPriority", t.HasPriority)
 	}
 	if !in.opts.ForwardPriority || at == nil || len(req.Body) == 0 {

@@ -102,6 +102,7 @@ func setupKube(cfg *rest.Config, mgr manager.Manager, srv *Server, opts *Options
 	ctrls, err := controller.Setup(mgr, controller.Config{
 		Pool:                    pool,
 		DefaultMaxBatchedTokens: opts.MaxNumBatchedTokens,
+		RoleLabel:               k.RoleLabel,
 		StatusInterval:          k.StatusInterval,
 		Dispatcher:              srv.Dispatcher(),
 		Log:                     log.WithName("controller"),

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/laneway-dev/laneway/internal/controller"
 	"github.com/laneway-dev/laneway/pkg/extproc"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
@@ -88,6 +89,11 @@ type Options struct {
 	DrainTimeout time.Duration
 	// MaxFallbacks is how many fallback endpoints follow the pick.
 	MaxFallbacks int
+	// DisaggregateAboveUncachedTokens is the pool's disaggregation
+	// threshold for the classes that set none: in a pool with prefill
+	// pods, a request whose uncached prompt tokens are above it is
+	// prefilled on a prefill pod and decoded on a decode pod.
+	DisaggregateAboveUncachedTokens uint64
 	// HeaderPickOnly puts only the pick in the destination header and the
 	// whole list in the envoy.lb metadata: Envoy's ORIGINAL_DST cluster
 	// parses the header as a single ip:port.
@@ -188,7 +194,13 @@ type KubeOptions struct {
 	// StatusInterval bounds how often PolicyClass status.pending is
 	// refreshed.
 	StatusInterval time.Duration
+	// RoleLabel is the pod label key of a pod's prefill/decode role.
+	RoleLabel string
 }
+
+// DefaultDisaggregateAboveUncachedTokens is --disaggregate-above-uncached-tokens'
+// default.
+const DefaultDisaggregateAboveUncachedTokens = 256
 
 // Kubernetes reports whether the options select Kubernetes mode.
 func (o *Options) Kubernetes() bool { return o.Kube.PoolName != "" }
@@ -230,7 +242,10 @@ func NewOptions() *Options {
 		// every gateway, plain Envoy's ORIGINAL_DST cluster included, can
 		// route on, and header and metadata carry the same value.
 		MaxFallbacks: 0,
-		MaxBodyBytes: 16 << 20,
+		// Below this a decode pod prefills a prompt itself: the KV
+		// transfer and the extra hop cost more than they save.
+		DisaggregateAboveUncachedTokens: DefaultDisaggregateAboveUncachedTokens,
+		MaxBodyBytes:                    16 << 20,
 		// Standalone behind its own frontend, as the reference router;
 		// the chart turns it off (trustClientHints).
 		TrustClientHints:   true,
@@ -253,6 +268,7 @@ func NewOptions() *Options {
 			RenewDeadline:  10 * time.Second,
 			RetryPeriod:    2 * time.Second,
 			StatusInterval: 5 * time.Second,
+			RoleLabel:      controller.DefaultRoleLabel,
 		},
 	}
 }
@@ -278,6 +294,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "After SIGTERM, how long the picker reports NotReady but keeps serving new streams, so that Services and gateways stop sending first (0: stop accepting at once).")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "After SIGTERM and --shutdown-delay, how long dispatched streams may take to finish.")
 	fs.IntVar(&o.MaxFallbacks, "max-fallbacks", o.MaxFallbacks, "Fallback endpoints returned after the pick (ordered, comma-separated).")
+	fs.Uint64Var(&o.DisaggregateAboveUncachedTokens, "disaggregate-above-uncached-tokens", o.DisaggregateAboveUncachedTokens, "In a pool with prefill pods (role prefill), prefill a request on a prefill pod and decode it on a decode pod when its uncached prompt tokens are above this; a policy class's disaggregate_above_uncached_tokens overrides it.")
 	fs.BoolVar(&o.HeaderPickOnly, "header-pick-only", o.HeaderPickOnly, "Put only the pick in the x-gateway-destination-endpoint header and the fallback list in the envoy.lb metadata (for plain Envoy with --max-fallbacks > 0).")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "Largest request body accepted (400 beyond it).")
 	fs.Int64Var(&o.MaxHeldBodyBytes, "max-held-body-bytes", o.MaxHeldBodyBytes, "Budget for the request bytes the picker holds: the headers of open streams and the body buffers of requests not yet passed back (what arrived, never what content-length announces); a request that would pass it gets 429 held_bytes (0: half of GOMEMLIMIT when set, else 512 MiB).")
@@ -307,6 +324,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&k.RenewDeadline, "leader-election-renew-deadline", k.RenewDeadline, "How long the leader retries renewing before it gives up leadership.")
 	fs.DurationVar(&k.RetryPeriod, "leader-election-retry-period", k.RetryPeriod, "How often candidates try to acquire or renew the Lease.")
 	fs.DurationVar(&k.StatusInterval, "status-interval", k.StatusInterval, "How often PolicyClass status.pending is refreshed (written only when it changed).")
+	fs.StringVar(&k.RoleLabel, "role-label", k.RoleLabel, "Kubernetes mode: the pod label giving a pod's role in a disaggregated pool: prefill, decode or prefill-decode (both, deprecated); pods without it are prefill-decode.")
 }
 
 // Complete derives values from the flags.
@@ -469,6 +487,9 @@ func (o *Options) validateKube() []error {
 	}
 	if k.PoolGroup != DefaultPoolGroup {
 		errs = append(errs, fmt.Errorf("--pool-group: %q is not supported; only %s (InferencePool v1) is", k.PoolGroup, DefaultPoolGroup))
+	}
+	if msgs := validation.IsQualifiedName(k.RoleLabel); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--role-label: %q is not a valid label key: %s", k.RoleLabel, strings.Join(msgs, "; ")))
 	}
 	if k.StatusInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--status-interval: %s must be positive", k.StatusInterval))

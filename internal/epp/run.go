@@ -42,7 +42,7 @@ func Run(ctx context.Context, opts *Options, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	eps, epsFile, err := standaloneEndpoints(opts)
+	eps, epsFile, err := standaloneEndpoints(opts, log)
 	if err != nil {
 		return err
 	}

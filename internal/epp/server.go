@@ -118,6 +118,7 @@ func NewServer(opts *Options, pol *sched.Policy, parser RequestParser, log logr.
 	s.status = status.NewTracker()
 	dopts := dispatcher.Options{Observers: []dispatcher.Observer{s.metrics, s.status}}
 	dopts.MaxFallbacks = opts.MaxFallbacks
+	dopts.DisaggregateAboveUncachedTokens = opts.DisaggregateAboveUncachedTokens
 	s.intel = newIntel(opts, log)
 	s.intel.configure(&dopts)
 	d, err := dispatcher.New(pol, dopts)

@@ -523,7 +523,7 @@ func (l *link) decided(id uint64, t *sched.Ticket, d replica.Decision) (*sched.G
 		// set it: the cost snapshot, and the priority as its tenant may
 		// have it (the rights stay the leader's).
 		t.Cached, t.Class, t.Priority, t.Rights = d.Cached, d.Class, d.Priority, policy.TenantRights{}
-		return sched.RemoteGrant(d.Endpoints, d.Engine, remoteRelease{l, id}), nil, false
+		return sched.RemoteGrant(d.Endpoints, d.Prefiller, d.Engine, remoteRelease{l, id}), nil, false
 	case replica.KindReply:
 		return nil, &extproc.Reply{Status: d.Status, Reason: d.Reason, Message: d.Message, Body: d.Body, RetryAfter: d.RetryAfter}, false
 	}

@@ -338,7 +338,7 @@ func (l *followerLink) encode(a *answer) []byte {
 		l.s.outcomes[ticketRefused].Inc()
 	case a.err == nil:
 		t := a.o.t
-		d.Kind, d.Endpoints, d.Engine = replica.KindGrant, a.o.g.Endpoints, a.o.g.Engine
+		d.Kind, d.Endpoints, d.Engine, d.Prefiller = replica.KindGrant, a.o.g.Endpoints, a.o.g.Engine, a.o.g.Prefiller()
 		d.Priority, d.Cached, d.Class = t.EffectivePriority(), t.Cached, t.Class
 		l.s.outcomes[ticketGranted].Inc()
 	default:

@@ -23,6 +23,11 @@ type Load struct {
 	// does, so prefill stays the dominant term, as it is for the time to
 	// first token.
 	Decode uint64
+	// Affinity is a preference among endpoints of the same stale and busy
+	// tier, before cost: lower first, 0..3 (larger counts as 3). The
+	// picker's LoRA adapter tier; 0 for every candidate of a request
+	// without one.
+	Affinity uint8
 }
 
 // blocks is tokens in blocks of bs, rounded up.
@@ -51,11 +56,13 @@ func (l *Load) tier() uint64 {
 	return 0
 }
 
-// Key layout: tier (2 bits) | cost (38 bits, saturated) | random (24 bits).
+// Key layout: tier (2 bits) | affinity (2 bits) | cost (36 bits,
+// saturated) | random (24 bits).
 const (
-	costBits = 38
-	randBits = 24
-	maxCost  = 1<<costBits - 1
+	affinityBits = 2
+	costBits     = 36
+	randBits     = 24
+	maxCost      = 1<<costBits - 1
 )
 
 // Ranker orders candidates by Load. It keeps scratch space and a random
@@ -72,8 +79,8 @@ func NewRanker(seed uint64) *Ranker {
 }
 
 // Rank appends the index of every load to out and returns it: the best
-// min(want, len(loads)) first, in order — lower tier, then lower cost, then
-// a random tie-break — and the rest after them in no particular order. It
+// min(want, len(loads)) first, in order — lower tier, then lower affinity,
+// then lower cost, then a random tie-break — and the rest after them in no particular order. It
 // takes O(len(loads) × want).
 func (r *Ranker) Rank(loads []Load, blockSize, want int, out []int) []int {
 	n := len(loads)
@@ -82,7 +89,8 @@ func (r *Ranker) Rank(loads []Load, blockSize, want int, out []int) []int {
 	for i := range loads {
 		l := &loads[i]
 		c := min(l.Cost(blockSize), maxCost)
-		r.keys = append(r.keys, l.tier()<<(costBits+randBits)|c<<randBits|r.rng.Uint64()>>(64-randBits))
+		a := uint64(min(l.Affinity, 1<<affinityBits-1))
+		r.keys = append(r.keys, l.tier()<<(affinityBits+costBits+randBits)|a<<(costBits+randBits)|c<<randBits|r.rng.Uint64()>>(64-randBits))
 		out = append(out, i)
 	}
 	idx := out[base:]

@@ -43,6 +43,12 @@ func TestRankOrder(t *testing.T) {
 			{Prefill: 2048},
 			{Prefill: 16, ActivePrefill: 4096},
 		}, []int{0, 1}},
+		{"affinity before cost, within a tier", []Load{
+			{Prefill: 16, Affinity: 2},
+			{Prefill: 4096, Affinity: 1},
+			{Busy: true, Prefill: 16},
+			{Prefill: 64, Affinity: 9}, // counts as 3
+		}, []int{1, 0, 3, 2}},
 		{"busy after not busy, stale last", []Load{
 			{Stale: true},
 			{Busy: true, Prefill: 1},
@@ -92,7 +98,7 @@ func TestRankMatchesFullSort(t *testing.T) {
 		loads := make([]Load, n)
 		for i := range loads {
 			loads[i] = Load{Stale: rng.IntN(8) == 0, Busy: rng.IntN(4) == 0,
-				Prefill: rng.Uint64N(100) * 16, ActivePrefill: rng.Uint64N(100) * 16}
+				Prefill: rng.Uint64N(100) * 16, ActivePrefill: rng.Uint64N(100) * 16, Affinity: uint8(rng.IntN(3))}
 		}
 		want := 1 + rng.IntN(5)
 		out := r.Rank(loads, 16, want, []int{-1})
@@ -100,7 +106,9 @@ func TestRankMatchesFullSort(t *testing.T) {
 			t.Fatalf("trial %d: Rank did not append to out: %v", trial, out)
 		}
 		got := out[1:]
-		key := func(i int) [2]uint64 { return [2]uint64{loads[i].tier(), loads[i].Cost(16)} }
+		key := func(i int) [2]uint64 {
+			return [2]uint64{loads[i].tier()<<2 | uint64(loads[i].Affinity), loads[i].Cost(16)}
+		}
 		ref := make([]int, n)
 		for i := range ref {
 			ref[i] = i

@@ -30,9 +30,12 @@ type Config struct {
 	Speedup float64
 	// SchedulingPolicy is PolicyFCFS or PolicyPriority.
 	SchedulingPolicy string
-	// MaxLoRAs is how many distinct adapters may run at once; 0 means no
-	// bound.
+	// MaxLoRAs is how many distinct adapters may run at once, and how
+	// many stay resident (loaded) between requests; 0 means no bound.
 	MaxLoRAs int
+	// LoRALoadTime is what loading an adapter that is not resident costs:
+	// the step that admits its request lasts that much longer.
+	LoRALoadTime time.Duration
 
 	// BlockSize is the KV cache block size in tokens.
 	BlockSize int
@@ -82,6 +85,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "KV cache block size in tokens")
 	fs.IntVar(&c.NumGPUBlocks, "num-gpu-blocks", c.NumGPUBlocks, "KV cache size in blocks")
 	fs.BoolVar(&c.EnablePrefixCaching, "enable-prefix-caching", c.EnablePrefixCaching, "reuse cached prompt blocks")
+	fs.DurationVar(&c.LoRALoadTime, "lora-load-time", c.LoRALoadTime, "time to load a LoRA adapter that is not resident; the engine step that loads it lasts that much longer")
 }
 
 // Args returns c as the command-line flags AddFlags defines, one
@@ -113,6 +117,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--scheduling-policy %q: want %s or %s", c.SchedulingPolicy, PolicyFCFS, PolicyPriority)
 	case c.MaxLoRAs < 0:
 		return fmt.Errorf("--max-loras %d: want >= 0", c.MaxLoRAs)
+	case c.LoRALoadTime < 0:
+		return fmt.Errorf("--lora-load-time %v: want >= 0", c.LoRALoadTime)
 	case c.BlockSize < 1:
 		return fmt.Errorf("--block-size %d: want >= 1", c.BlockSize)
 	case c.NumGPUBlocks < 1:

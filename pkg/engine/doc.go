@@ -14,6 +14,15 @@
 // whose adapter cannot run now (MaxLoRAs distinct adapters already run) is
 // skipped; one whose blocks do not fit stops admission.
 //
+// # LoRA adapters
+//
+// At most MaxLoRAs adapters are resident at once, and they stay resident
+// after their requests end. Admitting a request of an adapter that is not
+// resident loads it, into a free slot or in place of the least recently
+// used idle one, and the step that admits it lasts LoRALoadTime longer
+// (the whole batch waits for the load, as in vLLM); Stats.LoRALoads counts
+// the loads.
+//
 // Each step has a budget of MaxNumBatchedTokens tokens. Every running
 // request past its prefill takes one token (a decode); the rest of the
 // budget goes to prefill chunks of the other running requests in admission
@@ -32,6 +41,10 @@
 // engine.
 //
 // # Prefix cache
+//
+// A request may bring TransferredTokens: a prompt whose KV cache was
+// computed elsewhere (a disaggregated request's prefill pod) and arrives
+// with it. They count as cached, up to all but the last prompt token.
 //
 // A request brings the chained hashes of its prompt's full blocks. At
 // admission the longest run of its leading hashes already cached (limited

@@ -57,6 +57,11 @@ type Request struct {
 	Priority int
 	// LoRA names the adapter, or is "" for the base model.
 	LoRA string
+	// TransferredTokens are prompt tokens whose KV cache arrives with the
+	// request, computed elsewhere (the prefill pod of a disaggregated
+	// request): they count as cached, up to PromptTokens-1 (the last
+	// prompt token is always computed here).
+	TransferredTokens int
 	// Data is the driver's handle; the engine never reads it.
 	Data any
 }
@@ -167,6 +172,7 @@ type Engine struct {
 
 	running, prefilling, decoding int
 	loras                         map[string]int // running requests per adapter
+	slots                         adapterSlots   // resident adapters (lora.go)
 
 	cur     step
 	steps   int64 // completed steps (a coalesced stretch counts all of its)
@@ -418,8 +424,9 @@ func (e *Engine) Schedule(now int64, out []Event) (_ []Event, wake int64, ok boo
 		budget -= n
 	}
 	c.active, c.start, c.k = true, start, 1
-	c.d = int64(e.cfg.stepTime(prefill, e.decoding > 0))
-	if prefill == 0 && e.cfg.Coalesce {
+	load := e.takeLoadTime() // adapters loaded for this step (lora.go)
+	c.d = int64(e.cfg.stepTime(prefill, e.decoding > 0)) + load
+	if prefill == 0 && load == 0 && e.cfg.Coalesce {
 		// Decode only: nothing changes until the next finish, or until a
 		// Submit or Abort cuts the stretch.
 		for e.fin.At(0).state != Decoding {
@@ -450,7 +457,7 @@ func (e *Engine) admit(now int64, out []Event) []Event {
 		}
 		i = q.removeAt(i)
 		s.alloc = alloc
-		s.CachedTokens = hit * e.cfg.BlockSize
+		s.CachedTokens = max(hit*e.cfg.BlockSize, min(s.TransferredTokens, s.PromptTokens-1))
 		s.prefillLeft = s.PromptTokens - s.CachedTokens
 		s.Start = now
 		s.state = Prefilling
@@ -460,6 +467,7 @@ func (e *Engine) admit(now int64, out []Event) []Event {
 		e.running++
 		e.prefilling++
 		if s.LoRA != "" {
+			e.useAdapter(s.LoRA)
 			e.loras[s.LoRA]++
 		}
 		e.maxRunning = max(e.maxRunning, e.running)
@@ -493,6 +501,8 @@ type Stats struct {
 	// UsedBlocks are held by running requests; CachedBlocks are idle
 	// blocks holding a cached prefix; TotalBlocks is the cache size.
 	UsedBlocks, CachedBlocks, TotalBlocks int
+	// LoRALoads counts adapters loaded into a slot.
+	LoRALoads uint64
 }
 
 // KVUsage is the fraction of blocks running requests hold (vLLM's
@@ -505,6 +515,7 @@ func (e *Engine) Stats() Stats {
 		Waiting: e.waiting.len(), Running: e.running, MaxRunning: e.maxRunning,
 		Steps: e.steps, GeneratedTokens: e.generated, PromptTokens: e.promptTokens,
 		UsedBlocks: e.pool.used, CachedBlocks: e.pool.lruLen, TotalBlocks: e.pool.total,
+		LoRALoads: e.slots.loads,
 	}
 }
 

@@ -65,6 +65,18 @@ type Decision struct {
 	// Lifecycle receives the response-path events of the dispatched request;
 	// it may be nil.
 	Lifecycle Lifecycle
+	// Headers are request headers to set on the request the gateway sends
+	// upstream, overwriting any value the client sent (for example the
+	// prefill pod of a disaggregated request, x-prefiller-host-port).
+	Headers []Header
+	// RemoveHeaders are request headers the gateway must strip from the
+	// request it sends upstream (a client's own x-prefiller-host-port).
+	RemoveHeaders []string
+}
+
+// Header is one request header a Decision sets.
+type Header struct {
+	Name, Value string
 }
 
 // Lifecycle receives the response-path events of a dispatched request.

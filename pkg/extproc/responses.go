@@ -73,6 +73,29 @@ func pickResponse(header, list string, newLen int, replace []byte, onBody bool) 
 	return &m.resp
 }
 
+// addHeaders adds a Decision's own request header changes to a pick
+// answer built by pickResponse: each set overwrites what the client sent,
+// and removals are listed as such.
+func addHeaders(resp *extprocv3.ProcessingResponse, set []Header, remove []string) {
+	if len(set) == 0 && len(remove) == 0 {
+		return
+	}
+	var hm *extprocv3.HeaderMutation
+	switch r := resp.Response.(type) {
+	case *extprocv3.ProcessingResponse_RequestHeaders:
+		hm = r.RequestHeaders.GetResponse().GetHeaderMutation()
+	case *extprocv3.ProcessingResponse_RequestBody:
+		hm = r.RequestBody.GetResponse().GetHeaderMutation()
+	}
+	if hm == nil {
+		return // not a pick answer: nothing to add to
+	}
+	for _, h := range set {
+		hm.SetHeaders = append(hm.SetHeaders, setHeader(h.Name, h.Value))
+	}
+	hm.RemoveHeaders = append(hm.RemoveHeaders, remove...)
+}
+
 // pickMsg holds the messages of one pick answer.
 type pickMsg struct {
 	resp    extprocv3.ProcessingResponse

@@ -694,6 +694,39 @@ func TestDeciderPanicContained(t *testing.T) {
 	ex.Close()
 }
 
+// TestDecisionHeaders: a Decision's own request headers reach the gateway
+// in every answer mode, overwriting the client's value, and its removals
+// strip the client's header.
+func TestDecisionHeaders(t *testing.T) {
+	for _, mode := range []extprocclient.Mode{extprocclient.FullDuplex, extprocclient.Buffered} {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) {
+			d := deciderFunc(func(_ context.Context, req *extproc.Request) (extproc.Decision, error) {
+				return extproc.Decision{Endpoints: []string{"10.0.0.1:8000"},
+					Headers:       []extproc.Header{{Name: "x-prefiller-host-port", Value: "10.0.0.9:8000"}},
+					RemoveHeaders: []string{"x-smuggled"}}, nil
+			})
+			conn := startServer(t, d, extproc.Options{})
+			ex, err := extprocclient.New(conn, extprocclient.Options{Mode: mode}).Start(context.Background(), extprocclient.RequestSpec{
+				Path: "/v1/completions", Body: []byte(`{}`),
+				Headers: http.Header{"X-Prefiller-Host-Port": {"6.6.6.6:1"}, "X-Smuggled": {"1"}},
+			})
+			if err != nil {
+				t.Fatalf("Start: %v", err)
+			}
+			defer ex.Close()
+			h := http.Header{"X-Prefiller-Host-Port": {"6.6.6.6:1"}, "X-Smuggled": {"1"}}
+			dec := ex.Decision()
+			dec.Mutation.Apply(h)
+			if got := h.Values("x-prefiller-host-port"); len(got) != 1 || got[0] != "10.0.0.9:8000" {
+				t.Errorf("x-prefiller-host-port after the mutation %v, want only 10.0.0.9:8000", got)
+			}
+			if h.Get("x-smuggled") != "" || h.Get(extproc.HeaderDestinationEndpoint) != "10.0.0.1:8000" {
+				t.Errorf("headers after the mutation %v", h)
+			}
+		})
+	}
+}
+
 // TestHeaderOnlyGateways: gateways that send no response phase (NGINX
 // Gateway Fabric's shim, Envoy with the response phases skipped)
 // half-close the stream after the request and read it until the picker

@@ -439,10 +439,11 @@ func (st *stream) decideAndAnswer(kind answerKind, trailers bool) (end bool, err
 	switch kind {
 	case answerHeaders, answerHeadersAndBody:
 		var resp *extprocv3.ProcessingResponse
-		if newLen < 0 && len(d.Endpoints) == 1 {
+		if newLen < 0 && len(d.Endpoints) == 1 && len(d.Headers) == 0 && len(d.RemoveHeaders) == 0 {
 			resp = st.s.pickAnswer(st.pick)
 		} else {
 			resp = pickResponse(header, st.list, newLen, nil, false)
+			addHeaders(resp, d.Headers, d.RemoveHeaders)
 		}
 		if err := st.send(resp); err != nil {
 			return true, err
@@ -460,7 +461,9 @@ func (st *stream) decideAndAnswer(kind answerKind, trailers bool) (end bool, err
 		if newLen >= 0 {
 			replace = body
 		}
-		if err := st.send(pickResponse(header, st.list, newLen, replace, true)); err != nil {
+		resp := pickResponse(header, st.list, newLen, replace, true)
+		addHeaders(resp, d.Headers, d.RemoveHeaders)
+		if err := st.send(resp); err != nil {
 			return true, err
 		}
 		st.answered = true

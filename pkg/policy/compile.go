@@ -112,6 +112,8 @@ type Compiled struct {
 	Classes []drr.ClassConfig
 	// Busy holds each class's busy test.
 	Busy []BusyTest
+	// Disaggregate holds each class's disaggregation threshold.
+	Disaggregate []Disaggregation
 	// Info names each class.
 	Info []ClassInfo
 
@@ -172,6 +174,7 @@ func (out *Compiled) addProfile(model string, p *Profile) resolver {
 		cl := &classes[i]
 		out.Classes = append(out.Classes, drrClass(model, cl))
 		out.Busy = append(out.Busy, busyTest(cl))
+		out.Disaggregate = append(out.Disaggregate, disaggregation(cl))
 		out.Info = append(out.Info, ClassInfo{Model: model, Name: cl.Name, Family: cl.Family, Bucket: cl.Bucket, Synthetic: synthetic})
 		if cl.Explicit() {
 			r.explicit[cl.Name] = base + i
@@ -247,6 +250,22 @@ func maxTenants(c *Class) int {
 		return int(*c.MaxTenants)
 	}
 	return DefaultMaxTenants
+}
+
+// Disaggregation is a class's disaggregate_above_uncached_tokens: when Set,
+// a request of the class is disaggregated (prefilled on a prefill pod, in a
+// pool that has prefill pods) when its uncached prompt tokens are strictly
+// above AboveUncached; unset, the pool's default applies.
+type Disaggregation struct {
+	AboveUncached uint64
+	Set           bool
+}
+
+func disaggregation(c *Class) Disaggregation {
+	if v := c.DisaggregateAboveUncachedTokens; v != nil && *v >= 0 {
+		return Disaggregation{AboveUncached: uint64(*v), Set: true}
+	}
+	return Disaggregation{}
 }
 
 func busyTest(c *Class) BusyTest {

@@ -76,6 +76,9 @@ func (c *Config) describeClass(comp *Compiled, i int) string {
 	if cc.TenantFairness {
 		fmt.Fprintf(&b, ", tenant-fair (at most %d tenants)", cc.MaxTenants)
 	}
+	if d := comp.Disaggregate[i]; d.Set {
+		fmt.Fprintf(&b, ", disaggregated above %d uncached tokens", d.AboveUncached)
+	}
 	return b.String()
 }
 

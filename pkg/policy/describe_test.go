@@ -26,11 +26,11 @@ uncached_isl_buckets: [{min_tokens: 0, bucket: short}, {min_tokens: 2048, bucket
 policy_classes:
   - {name: s, policy_family: std, cache_bucket: short, quantum: 512, queue_policy: wspt, prefill_busy_threshold: 1024, max_queue_wait: 30s}
   - {name: l, policy_family: std, cache_bucket: long, quantum: 128, prefill_busy_threshold_frac: 0.5, raw_isl_token_queue_limit_per_worker: 65536, tenant_fairness: true, max_tenants: 5}
-  - {name: batch, quantum: 4, prefill_busy_threshold: none, request_queue_limit_per_worker: 0, cached_token_queue_limit_per_worker: 7}
+  - {name: batch, quantum: 4, prefill_busy_threshold: none, request_queue_limit_per_worker: 0, cached_token_queue_limit_per_worker: 7, disaggregate_above_uncached_tokens: 1024}
 `,
 			want: `class "s": family std, bucket short (uncached >= 0), policy wspt, quantum 512, threshold 1024 tokens, max queue wait 30s
 class "l": family std, bucket long (uncached >= 2048), policy edf, quantum 128, threshold 0.5 × max_num_batched_tokens, limit raw_isl_tokens 65536/worker, tenant-fair (at most 5 tenants)
-class "batch": explicit, policy edf, quantum 4, no busy threshold (never queues), limit requests 0/worker, limit cached_tokens 7/worker
+class "batch": explicit, policy edf, quantum 4, no busy threshold (never queues), limit requests 0/worker, limit cached_tokens 7/worker, disaggregated above 1024 uncached tokens
 ` + noIdentityLine,
 		},
 		{

@@ -69,6 +69,13 @@ type Class struct {
 	// max_tenants).
 	TenantFairness bool
 	MaxTenants     *int64
+	// DisaggregateAboveUncachedTokens: in a pool with prefill pods, a
+	// request of the class whose uncached prompt tokens are above it is
+	// prefilled on a prefill pod and decoded on a decode pod; at or below
+	// it the decode pod prefills it itself. Nil: the pool's default
+	// (--disaggregate-above-uncached-tokens). A Laneway extension (YAML
+	// key disaggregate_above_uncached_tokens).
+	DisaggregateAboveUncachedTokens *int64
 }
 
 // Explicit reports whether the class is selected by name rather than by

@@ -275,16 +275,17 @@ func parseDecimal(field string, s *string) (*float64, error) {
 
 func classFromSpec(name string, s *v1alpha1.PolicyClassSpec) (Class, error) {
 	c := Class{
-		Name:                           name,
-		Family:                         s.PolicyFamily,
-		Bucket:                         s.CacheBucket,
-		QueuePolicy:                    string(s.QueuePolicy),
-		Quantum:                        s.Quantum,
-		RequestQueueLimitPerWorker:     clonePtr(s.RequestQueueLimitPerWorker),
-		RawISLTokenQueueLimitPerWorker: clonePtr(s.RawISLTokenQueueLimitPerWorker),
-		CachedTokenQueueLimitPerWorker: clonePtr(s.CachedTokenQueueLimitPerWorker),
-		TenantFairness:                 s.TenantFairness,
-		MaxTenants:                     clonePtr(s.MaxTenants),
+		Name:                            name,
+		Family:                          s.PolicyFamily,
+		Bucket:                          s.CacheBucket,
+		QueuePolicy:                     string(s.QueuePolicy),
+		Quantum:                         s.Quantum,
+		RequestQueueLimitPerWorker:      clonePtr(s.RequestQueueLimitPerWorker),
+		RawISLTokenQueueLimitPerWorker:  clonePtr(s.RawISLTokenQueueLimitPerWorker),
+		CachedTokenQueueLimitPerWorker:  clonePtr(s.CachedTokenQueueLimitPerWorker),
+		TenantFairness:                  s.TenantFairness,
+		MaxTenants:                      clonePtr(s.MaxTenants),
+		DisaggregateAboveUncachedTokens: clonePtr(s.DisaggregateAboveUncachedTokens),
 	}
 	if c.QueuePolicy == "" {
 		c.QueuePolicy = DefaultQueuePolicy
@@ -445,17 +446,18 @@ func toBuckets(bs []Bucket) []v1alpha1.CacheBucket {
 
 func specFromClass(model string, c *Class) v1alpha1.PolicyClassSpec {
 	s := v1alpha1.PolicyClassSpec{
-		Model:                          model,
-		ClassName:                      c.Name,
-		PolicyFamily:                   c.Family,
-		CacheBucket:                    c.Bucket,
-		QueuePolicy:                    v1alpha1.QueuePolicy(c.QueuePolicy),
-		Quantum:                        c.Quantum,
-		RequestQueueLimitPerWorker:     clonePtr(c.RequestQueueLimitPerWorker),
-		RawISLTokenQueueLimitPerWorker: clonePtr(c.RawISLTokenQueueLimitPerWorker),
-		CachedTokenQueueLimitPerWorker: clonePtr(c.CachedTokenQueueLimitPerWorker),
-		TenantFairness:                 c.TenantFairness,
-		MaxTenants:                     clonePtr(c.MaxTenants),
+		Model:                           model,
+		ClassName:                       c.Name,
+		PolicyFamily:                    c.Family,
+		CacheBucket:                     c.Bucket,
+		QueuePolicy:                     v1alpha1.QueuePolicy(c.QueuePolicy),
+		Quantum:                         c.Quantum,
+		RequestQueueLimitPerWorker:      clonePtr(c.RequestQueueLimitPerWorker),
+		RawISLTokenQueueLimitPerWorker:  clonePtr(c.RawISLTokenQueueLimitPerWorker),
+		CachedTokenQueueLimitPerWorker:  clonePtr(c.CachedTokenQueueLimitPerWorker),
+		TenantFairness:                  c.TenantFairness,
+		MaxTenants:                      clonePtr(c.MaxTenants),
+		DisaggregateAboveUncachedTokens: clonePtr(c.DisaggregateAboveUncachedTokens),
 	}
 	switch {
 	case c.PrefillBusyThreshold != nil:

@@ -430,3 +430,39 @@ func TestFromObjectsDefaults(t *testing.T) {
 		t.Errorf("default class = %q, want alpha", got)
 	}
 }
+
+// TestDisaggregationRoundTrip: disaggregate_above_uncached_tokens goes to
+// the PolicyClass field disaggregateAboveUncachedTokens and back, and
+// compiles to the class's threshold (unset: the pool's default applies).
+func TestDisaggregationRoundTrip(t *testing.T) {
+	cfg, err := LoadYAML([]byte("policy_classes:\n  - {name: long, quantum: 1, disaggregate_above_uncached_tokens: 512}\n  - {name: rest, quantum: 1}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof, classes := ToObjects(cfg, "llm", "ns")
+	for _, c := range classes {
+		if got := c.Spec.DisaggregateAboveUncachedTokens; (c.Spec.ClassName == "long") != (got != nil && *got == 512) {
+			t.Errorf("class %s: disaggregateAboveUncachedTokens = %v", c.Spec.ClassName, got)
+		}
+	}
+	oc := CheckObjects([]v1alpha1.PolicyProfile{*prof}, classes)
+	if len(oc.Problems) > 0 {
+		t.Fatal(oc.Problems)
+	}
+	if got, want := oc.Config.Canonical(), cfg.Canonical(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("round trip changed the model:\n got %+v\nwant %+v", got, want)
+	}
+	comp, err := oc.Config.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, in := range comp.Info {
+		want := Disaggregation{}
+		if in.Name == "long" {
+			want = Disaggregation{AboveUncached: 512, Set: true}
+		}
+		if got := comp.Disaggregate[i]; got != want {
+			t.Errorf("class %s: Disaggregate = %+v, want %+v", in.Name, got, want)
+		}
+	}
+}

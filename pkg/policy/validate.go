@@ -327,6 +327,7 @@ func (v *profileCheck) checkClassSettings(cl *Class, name string) {
 		{"request_queue_limit_per_worker", cl.RequestQueueLimitPerWorker},
 		{"raw_isl_token_queue_limit_per_worker", cl.RawISLTokenQueueLimitPerWorker},
 		{"cached_token_queue_limit_per_worker", cl.CachedTokenQueueLimitPerWorker},
+		{"disaggregate_above_uncached_tokens", cl.DisaggregateAboveUncachedTokens},
 	} {
 		if l.v != nil && *l.v < 0 {
 			v.add(name, "", RuleNegative, "%s must be >= 0 (got %d)", l.key, *l.v)

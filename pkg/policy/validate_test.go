@@ -224,12 +224,13 @@ policy_classes: [{name: gold, quantum: 1}]
 		},
 		{
 			name: "negative threshold and limits",
-			yaml: `policy_classes: [{name: gold, quantum: 1, prefill_busy_threshold: -1, request_queue_limit_per_worker: -2, raw_isl_token_queue_limit_per_worker: -3, cached_token_queue_limit_per_worker: -4, max_queue_wait: -1s}]`,
+			yaml: `policy_classes: [{name: gold, quantum: 1, prefill_busy_threshold: -1, request_queue_limit_per_worker: -2, raw_isl_token_queue_limit_per_worker: -3, cached_token_queue_limit_per_worker: -4, max_queue_wait: -1s, disaggregate_above_uncached_tokens: -5}]`,
 			want: []string{
 				`class "gold": prefill_busy_threshold must be >= 0 (got -1)`,
 				`class "gold": request_queue_limit_per_worker must be >= 0 (got -2)`,
 				`class "gold": raw_isl_token_queue_limit_per_worker must be >= 0 (got -3)`,
 				`class "gold": cached_token_queue_limit_per_worker must be >= 0 (got -4)`,
+				`class "gold": disaggregate_above_uncached_tokens must be >= 0 (got -5)`,
 				`class "gold": max_queue_wait must be >= 0 (got -1s)`,
 			},
 			rule: RuleNegative,

@@ -247,6 +247,7 @@ var (
 		"prefill_busy_threshold", "prefill_busy_threshold_frac", "busy_worker_ratio",
 		"request_queue_limit_per_worker", "raw_isl_token_queue_limit_per_worker",
 		"cached_token_queue_limit_per_worker", "max_queue_wait", "tenant_fairness", "max_tenants",
+		"disaggregate_above_uncached_tokens",
 	}
 )
 
@@ -384,6 +385,8 @@ func (p *parser) class(n *yaml.Node, path string) Class {
 			c.TenantFairness = p.bool(v, kp)
 		case "max_tenants":
 			c.MaxTenants = ptr(p.int(v, kp))
+		case "disaggregate_above_uncached_tokens":
+			c.DisaggregateAboveUncachedTokens = ptr(p.int(v, kp))
 		case "max_queue_wait":
 			s := p.str(v, kp)
 			if s == "" {

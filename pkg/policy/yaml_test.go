@@ -29,7 +29,7 @@ func TestParseYAMLStrict(t *testing.T) {
 		{
 			name: "unknown class key",
 			yaml: "policy_classes:\n  - name: a\n    quantim: 1\n",
-			want: []string{`line 3: policy_classes[0]: unknown key "quantim" (allowed: name, policy_family, cache_bucket, queue_policy, quantum, prefill_busy_threshold, prefill_busy_threshold_frac, busy_worker_ratio, request_queue_limit_per_worker, raw_isl_token_queue_limit_per_worker, cached_token_queue_limit_per_worker, max_queue_wait, tenant_fairness, max_tenants)`},
+			want: []string{`line 3: policy_classes[0]: unknown key "quantim" (allowed: name, policy_family, cache_bucket, queue_policy, quantum, prefill_busy_threshold, prefill_busy_threshold_frac, busy_worker_ratio, request_queue_limit_per_worker, raw_isl_token_queue_limit_per_worker, cached_token_queue_limit_per_worker, max_queue_wait, tenant_fairness, max_tenants, disaggregate_above_uncached_tokens)`},
 		},
 		{
 			name: "unknown key in a model profile",
@@ -39,7 +39,7 @@ func TestParseYAMLStrict(t *testing.T) {
 		{
 			name: "unknown key in a model profile's class",
 			yaml: "models:\n  llama:\n    policy_classes:\n      - {name: a, quantum: 1, colour: red}\n",
-			want: []string{`line 4: models["llama"].policy_classes[0]: unknown key "colour" (allowed: name, policy_family, cache_bucket, queue_policy, quantum, prefill_busy_threshold, prefill_busy_threshold_frac, busy_worker_ratio, request_queue_limit_per_worker, raw_isl_token_queue_limit_per_worker, cached_token_queue_limit_per_worker, max_queue_wait, tenant_fairness, max_tenants)`},
+			want: []string{`line 4: models["llama"].policy_classes[0]: unknown key "colour" (allowed: name, policy_family, cache_bucket, queue_policy, quantum, prefill_busy_threshold, prefill_busy_threshold_frac, busy_worker_ratio, request_queue_limit_per_worker, raw_isl_token_queue_limit_per_worker, cached_token_queue_limit_per_worker, max_queue_wait, tenant_fairness, max_tenants, disaggregate_above_uncached_tokens)`},
 		},
 		{
 			name: "models do not nest",
@@ -97,7 +97,7 @@ func TestParseYAMLStrict(t *testing.T) {
 			want: []string{
 				`line 1: unknown key "foo" (allowed: default_policy_family, uncached_isl_buckets, default_policy_class, policy_classes, models, identity, tenants, default_tenant)`,
 				`line 3: policy_classes[0].quantum: want an integer, got "x"`,
-				`line 3: policy_classes[0]: unknown key "bar" (allowed: name, policy_family, cache_bucket, queue_policy, quantum, prefill_busy_threshold, prefill_busy_threshold_frac, busy_worker_ratio, request_queue_limit_per_worker, raw_isl_token_queue_limit_per_worker, cached_token_queue_limit_per_worker, max_queue_wait, tenant_fairness, max_tenants)`,
+				`line 3: policy_classes[0]: unknown key "bar" (allowed: name, policy_family, cache_bucket, queue_policy, quantum, prefill_busy_threshold, prefill_busy_threshold_frac, busy_worker_ratio, request_queue_limit_per_worker, raw_isl_token_queue_limit_per_worker, cached_token_queue_limit_per_worker, max_queue_wait, tenant_fairness, max_tenants, disaggregate_above_uncached_tokens)`,
 			},
 		},
 	}
@@ -150,6 +150,7 @@ policy_classes:
     raw_isl_token_queue_limit_per_worker: 2
     cached_token_queue_limit_per_worker: 3
     max_queue_wait: 1m30s
+    disaggregate_above_uncached_tokens: 256
   - {name: fb, policy_family: f, cache_bucket: b, quantum: 1, queue_policy: ~}
   - {name: x, quantum: 2}
 models:
@@ -171,6 +172,7 @@ models:
 					PrefillBusyThreshold: ptr[int64](1536), PrefillBusyThresholdFrac: ptr(1.25), BusyWorkerRatio: ptr(0.5),
 					RequestQueueLimitPerWorker: ptr[int64](1), RawISLTokenQueueLimitPerWorker: ptr[int64](2),
 					CachedTokenQueueLimitPerWorker: ptr[int64](3), MaxQueueWait: 90 * time.Second,
+					DisaggregateAboveUncachedTokens: ptr[int64](256),
 				},
 				{Name: "fb", Family: "f", Bucket: "b", QueuePolicy: "edf", Quantum: 1},
 				{Name: "x", QueuePolicy: "edf", Quantum: 2},

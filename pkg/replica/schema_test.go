@@ -29,7 +29,8 @@ func TestEncodingMatchesTheSchema(t *testing.T) {
 		Tickets:  []Ticket{{ID: 42, T: tk}, {ID: 43, T: schedtest.Ticket().Prompt(32 * 1024).Obj()}},
 		Releases: []Release{{ID: 42, Event: EventDone}},
 		Decisions: []Decision{{ID: 42, Kind: KindReply, Endpoints: []string{"a:1"}, Engine: policy.EngineTRTLLM, Priority: -2,
-			Cached: 9, Class: 3, Status: 429, Reason: "shed", Message: "m", Body: []byte("{}"), RetryAfter: time.Second, Queued: true}},
+			Cached: 9, Class: 3, Status: 429, Reason: "shed", Message: "m", Body: []byte("{}"), RetryAfter: time.Second, Queued: true,
+			Prefiller: "10.0.0.9:8000"}},
 	}
 	msg := dynamicpb.NewMessage(frameDesc)
 	if err := (proto.UnmarshalOptions{DiscardUnknown: false}).Unmarshal(f.Append(nil), msg); err != nil {
@@ -91,6 +92,7 @@ func TestEncodingMatchesTheSchema(t *testing.T) {
 		{"decision.body", string(get(decision, "body").Bytes()), "{}"},
 		{"decision.retry_after_nanos", get(decision, "retry_after_nanos").Uint(), uint64(time.Second)},
 		{"decision.queued", get(decision, "queued").Bool(), true},
+		{"decision.prefiller", get(decision, "prefiller").String(), "10.0.0.9:8000"},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

@@ -103,6 +103,9 @@ type Decision struct {
 	// the engine), the cost snapshot's cached tokens and the class index.
 	Endpoints []string
 	Engine    policy.Engine
+	// Prefiller is a disaggregated grant's prefill pod ("" for a grant
+	// that serves the whole request).
+	Prefiller string
 	Priority  int32
 	Cached    uint64
 	Class     int
@@ -165,6 +168,7 @@ const (
 	decisionBody       = 11
 	decisionRetryNanos = 12
 	decisionQueued     = 13
+	decisionPrefiller  = 14
 )
 
 // Limits a decoder enforces, so that a corrupt or hostile frame cannot
@@ -332,6 +336,7 @@ func (d *Decision) append(dst []byte) []byte {
 		dst = protowire.AppendBytes(dst, d.Body)
 	}
 	dst = appendVarint(dst, decisionRetryNanos, uint64(max(0, d.RetryAfter)))
+	dst = appendString(dst, decisionPrefiller, d.Prefiller)
 	return appendBool(dst, decisionQueued, d.Queued)
 }
 
@@ -547,6 +552,8 @@ func (d *Decision) decode(b []byte) error {
 				d.Reason = string(bs)
 			case decisionMessage:
 				d.Message = string(bs)
+			case decisionPrefiller:
+				d.Prefiller = string(bs)
 			case decisionBody:
 				d.Body = append([]byte(nil), bs...)
 			}

@@ -57,6 +57,7 @@ func TestFrameRoundTrip(t *testing.T) {
 			{ID: 1, Kind: KindGrant, Endpoints: []string{"10.0.0.1:8000", "10.0.0.2:8000"}, Engine: policy.EngineSGLang, Priority: -3, Cached: 512, Class: 2, Queued: true},
 			{ID: 2, Kind: KindReply, Status: 429, Reason: "queue_limit", Message: "full", Body: []byte(`{"error":"full"}`), RetryAfter: 3 * time.Second},
 			{ID: 3, Kind: KindRetry, Reason: "shutting_down"},
+			{ID: 4, Kind: KindGrant, Endpoints: []string{"10.0.1.1:8000"}, Prefiller: "10.0.2.1:8000"}, // disaggregated
 		}}},
 	}
 	for _, tt := range tests {

@@ -58,3 +58,81 @@ func TestFixedThresholdHasNoAuto(t *testing.T) {
 		t.Fatalf("%+v: a policy without auto classes shows an auto threshold", e)
 	}
 }
+
+// thresholdOf is the auto threshold of addr in c's snapshot.
+func thresholdOf(t *testing.T, c *Core, addr string) uint64 {
+	t.Helper()
+	th, ok := c.AutoThreshold(addr)
+	if !ok {
+		t.Fatalf("%s has no auto threshold", addr)
+	}
+	return th
+}
+
+// TestAutoThresholdOnPrefillPods: in a P/D pool the busy test of a
+// disaggregating request is on the prefill pod, so it reads the prefill
+// pod's own auto threshold: when that pod's engine keeps a queue, its
+// threshold falls and requests wait for it, however idle the decode pod
+// (whose threshold stays at the start) and however far below the start
+// the prefill load is.
+func TestAutoThresholdOnPrefillPods(t *testing.T) {
+	p := byHeader(0, class("standard", 512, 0), class("eager", 512, 0))
+	for i := range p.Classes {
+		p.Classes[i].Queueing = true
+		p.Busy[i] = policy.BusyTest{Auto: true}
+	}
+	c := newCore(t, p, Options{ExpectMetrics: true, DisaggregateAboveUncachedTokens: 256})
+	c.SetEndpoints(0, []Endpoint{{Addr: pdP1, MaxBatchedTokens: 8192, Role: RolePrefill}, {Addr: pdD1, MaxBatchedTokens: 8192, Role: RoleDecode}})
+	scrapeEP(c, 0, pdP1, 0, 0, 0)
+	scrapeEP(c, 0, pdD1, 0, 0, 0)
+	if tp, td := thresholdOf(t, c, pdP1), thresholdOf(t, c, pdD1); tp != 7168 || td != 7168 {
+		t.Fatalf("start: prefill pod %d, decode pod %d; want 7/8 of the step budget each", tp, td)
+	}
+	// Prefills of 1000 go while the prefill pod's load is at most 7168:
+	// eight of them.
+	var gs []*Grant
+	for range 8 {
+		g := grantOne(t, c, ms(1), &Ticket{RawISL: 1000})
+		if g.PD != PDDisaggregated || g.Prefiller() != pdP1 || g.Endpoints[0] != pdD1 {
+			t.Fatalf("grant %v prefill %q (%s), want decode on %s after prefill on %s", g.Endpoints, g.Prefiller(), g.PD, pdD1, pdP1)
+		}
+		gs = append(gs, g)
+	}
+	r := admit(c, ms(1), &Ticket{RawISL: 1000})
+	if l := c.Drain(ms(1)); len(l) != 0 {
+		t.Fatalf("prefill pod at 8000 tokens: %s, want the request held", leaveString(l[0]))
+	}
+	if g := grantOne(t, c, ms(1), &Ticket{RawISL: 100, ClassHeader: "eager"}); g.PD != PDBelowThreshold || g.Endpoints[0] != pdD1 {
+		t.Errorf("short request: %v (%s), want it served on the decode pod at once", g.Endpoints, g.PD)
+	} else {
+		c.Release(g, EventDone)
+	}
+	// The prefill pod's engine keeps 6 of our 8 prompts waiting for a
+	// window: more than the band (4 prompts). The decode pod shows none.
+	for i := int64(1); i <= 12; i++ {
+		scrapeEP(c, ms(100*i), pdP1, 6, 2, 0)
+		scrapeEP(c, ms(100*i), pdD1, 0, 9, 0)
+	}
+	tp, td := thresholdOf(t, c, pdP1), thresholdOf(t, c, pdD1)
+	if tp >= 4000 || td != 7168 {
+		t.Fatalf("after a window of 6 waiting on the prefill pod: thresholds %d (prefill), %d (decode); want the prefill pod's below 4000, the decode pod's at the start", tp, td)
+	}
+	// Four first bytes: 4000 tokens in prefill, under the start but over
+	// the prefill pod's lowered threshold.
+	for _, g := range gs[:4] {
+		c.Release(g, EventFirstByte)
+	}
+	if l := c.Drain(ms(1300)); len(l) != 0 {
+		t.Fatalf("prefill pod at 4000 tokens, threshold %d: %s, want the request still held", tp, leaveString(l[0]))
+	}
+	for _, g := range gs[4:] {
+		c.Release(g, EventFirstByte)
+		if a, _ := account(c, pdP1); a <= tp {
+			break
+		}
+	}
+	l := c.Drain(ms(1300))
+	if len(l) != 1 || l[0].Req != r || l[0].Grant == nil || l[0].Grant.Prefiller() != pdP1 {
+		t.Fatalf("prefill pod at its threshold %d: %v, want the held request prefilled on %s", tp, l, pdP1)
+	}
+}

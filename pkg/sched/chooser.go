@@ -31,6 +31,12 @@ type Candidate struct {
 	// picker's requests past their first byte and the engine's running
 	// count at its last scrape.
 	Decoding int
+	// LoRATier is the request's adapter preference for the endpoint: 0
+	// where the adapter runs (or for every endpoint, for a base-model
+	// request), 1 where there is room to load it, 2 elsewhere. A picker
+	// should rank it before load among endpoints that are fresh and not
+	// busy (SPEC §5, LoRA adapters).
+	LoRATier uint8
 }
 
 // Chooser orders eligible endpoints by preference for one request. It
@@ -44,7 +50,7 @@ type Chooser interface {
 
 // CostChooser is the prefix- and load-aware chooser: among eligible
 // endpoints it prefers fresh metrics over stale, not busy over busy, then
-// the lowest cost in blocks — the request's prompt blocks left to prefill
+// the lower LoRA tier, then the lowest cost in blocks — the request's prompt blocks left to prefill
 // there after its cached overlap, plus the endpoint's active prefill
 // (including unseen load), plus its decode load, one block per running
 // sequence — with random tie-breaks (pkg/affinity).
@@ -71,6 +77,7 @@ func (p *CostChooser) Choose(t *Ticket, cands []Candidate, out []int) []int {
 			Prefill:       drr.Uncached(t.RawISL, c.CachedTokens),
 			ActivePrefill: drr.SaturatingAdd(c.ActivePrefill, c.UnseenPrefill),
 			Decode:        uint64(c.Decoding),
+			Affinity:      c.LoRATier,
 		})
 	}
 	bs := t.BlockSize
@@ -80,8 +87,9 @@ func (p *CostChooser) Choose(t *Ticket, cands []Candidate, out []int) []int {
 	return p.r.Rank(p.loads, bs, p.want, out)
 }
 
-// LeastLoaded prefers endpoints that are not busy, then the fewest active
-// prefill tokens, then the fewest in-flight requests, and breaks the ties
+// LeastLoaded prefers endpoints that are not busy, then the lower LoRA
+// tier, then the fewest active prefill tokens, then the fewest in-flight
+// requests, and breaks the ties
 // that remain at random (as the cost picker does): equally loaded
 // endpoints share the requests instead of the first address taking them.
 // It ignores prefix overlap, unseen load and staleness (beyond the busy
@@ -121,6 +129,8 @@ func (l LeastLoaded) Choose(_ *Ticket, cands []Candidate, out []int) []int {
 				return 1
 			}
 			return -1
+		case x.LoRATier != y.LoRATier:
+			return cmp.Compare(x.LoRATier, y.LoRATier)
 		case x.ActivePrefill != y.ActivePrefill:
 			return cmp.Compare(x.ActivePrefill, y.ActivePrefill)
 		}

@@ -41,6 +41,14 @@ type Options struct {
 	// drops them: a driver that calls Release itself (the simulator) needs
 	// none.
 	Releaser Releaser
+	// DisaggregateAboveUncachedTokens is the pool's disaggregation
+	// threshold, for the classes that set none (policy.Disaggregation): in
+	// a pool with prefill-only endpoints, a request whose uncached prompt
+	// tokens are above it is prefilled on a prefill pod (roles.go).
+	DisaggregateAboveUncachedTokens uint64
+	// DisableLoRAAffinity turns off the LoRA tier of the pick (lora.go):
+	// adapter requests then go where the chooser alone puts them.
+	DisableLoRAAffinity bool
 }
 
 // PrefixOptions configure the prefix-cache index.
@@ -86,6 +94,12 @@ type Core struct {
 	cands []Candidate  // scratch for picks: the set as the Chooser sees it
 	order []int        // scratch for picks
 
+	decOrder   []int        // scratch for decode picks (roles.go)
+	decLoads   []decodeLoad // scratch for decode picks
+	decodeTurn uint64       // rotates ties between equally loaded decode pods
+
+	adapters map[string]struct{} // adapter names endpoints reported (lora.go)
+
 	// awaitingEps are the endpoints whose ledger holds grants (ledger.go).
 	awaitingEps []*endpoint
 
@@ -112,6 +126,7 @@ type Request struct {
 	arrival int64
 	state   reqState
 	grant   *Grant
+	stage   stage // whether it disaggregates (roles.go)
 }
 
 type reqState uint8
@@ -220,10 +235,7 @@ func (c *Core) Admit(now int64, r *Request) {
 	}
 	hashes := c.cacheableBlocks(t)
 	s := c.candidates(now, r, hashes, noClass)
-	if len(hashes) > 0 {
-		t.Cached = s.best
-	}
-	t.Class = c.pol.resolve(t)
+	c.resolveStage(r, s, len(hashes) > 0)
 	v := c.judge(s, t.Class)
 	if v == drr.Unroutable {
 		c.reject(r, c.noEndpoint(r, s), ReasonNoEndpoints)
@@ -394,7 +406,7 @@ func (c *Core) Snapshot() Snapshot {
 			Addr: e.addr, ActivePrefill: e.activePrefill, InFlight: e.inFlight, Tainted: e.tainted,
 			Stale: e.stale, UnseenWaiting: e.unseenWaiting, UnseenPrefill: e.unseenPrefill,
 			EngineWaiting: e.waiting, MaxBatchedTokens: e.maxBatched, Busy: c.busyEverywhere(e),
-			AwaitingEngine: e.led.len(), PrefillRate: e.led.rate,
+			Role: e.role, AwaitingEngine: e.led.len(), PrefillRate: e.led.rate,
 		}
 		if c.hasAuto {
 			es.AutoThreshold, es.HasAuto = e.auto.Threshold(), true

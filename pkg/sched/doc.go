@@ -34,6 +34,23 @@
 // everything is released; a removed endpoint's pinned requests are answered
 // 503 before its id is reused.
 //
+// Roles (roles.go): in a pool with prefill-only endpoints, the admission
+// decides per request whether it disaggregates (its snapshot taken over
+// the prefill endpoints, its class's threshold) and each walk for it is
+// split by stage: the busy test, the queue and the pick read the prefill
+// endpoints of a disaggregating request, and its grant adds the decode
+// endpoint with the least decode load as the destination. Its prefill
+// endpoint holds the prefill charge and the in-flight count until the
+// first byte, its decode endpoint the in-flight count until the end, so
+// the accounting invariant above holds per endpoint; a stream that ends
+// before its first byte leaves the charge in the prefill endpoint's engine
+// ledger (ledger.go). A pool without prefill-only endpoints never splits,
+// and its grants carry no disaggregation or adapter state (one nil
+// pointer). A request that queued before the pool had prefill-only
+// endpoints is served whole by the decode stage. LoRA affinity (lora.go)
+// gives an adapter request's candidates a tier the choosers rank before
+// load.
+//
 // Admission is one pass: a single walk over the request's endpoints
 // builds its candidate set (eligibility and prefix overlap, and which
 // filter dropped the others), the class is resolved once from the cost

@@ -45,6 +45,13 @@ type endpoint struct {
 	running  int
 	// engineBS is the engine's reported KV block size (0 unknown).
 	engineBS int
+	// role is what the endpoint serves (roles.go); kvUsage its engine's
+	// KV-cache use at the last fresh scrape (0..1, 0 unknown), which
+	// orders decode pods.
+	role    Role
+	kvUsage float64
+	// lora is its adapters as the core knows them (lora.go).
+	lora loraState
 	// auto is the endpoint's threshold for classes with
 	// prefill_busy_threshold auto, fed at each fresh scrape.
 	auto autothreshold.Controller
@@ -66,6 +73,9 @@ type registry struct {
 	byIP    map[string][]*endpoint
 	live    []drr.EndpointID // address order
 	freeIDs []drr.EndpointID
+	// prefillPods counts the live prefill-only endpoints: requests
+	// disaggregate only while it is not zero (roles.go).
+	prefillPods int
 }
 
 func newRegistry() registry {
@@ -93,11 +103,11 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 		eng := EngineOf(in.Engine, c.opts.DefaultEngine)
 		if e, ok := g.byAddr[in.Addr]; ok {
 			e.engine = eng
-			if e.maxBatched != in.MaxBatchedTokens || e.tainted != in.Tainted || e.rank != in.Rank {
+			if e.maxBatched != in.MaxBatchedTokens || e.tainted != in.Tainted || e.rank != in.Rank || e.role != in.Role {
 				if e.maxBatched != in.MaxBatchedTokens {
 					e.auto.Reset(in.MaxBatchedTokens) // a new step budget: start over
 				}
-				e.maxBatched, e.tainted, e.rank = in.MaxBatchedTokens, in.Tainted, in.Rank
+				e.maxBatched, e.tainted, e.rank, e.role = in.MaxBatchedTokens, in.Tainted, in.Rank, in.Role
 				c.q.EndpointChanged(e.id)
 			}
 			continue
@@ -111,7 +121,7 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 			g.eps = append(g.eps, nil)
 		}
 		e := &endpoint{id: id, addr: in.Addr, maxBatched: in.MaxBatchedTokens, tainted: in.Tainted,
-			rank: in.Rank, engine: eng, stale: c.opts.ExpectMetrics, led: newLedger()}
+			rank: in.Rank, engine: eng, stale: c.opts.ExpectMetrics, role: in.Role, led: newLedger()}
 		e.auto.Reset(in.MaxBatchedTokens)
 		g.eps[id] = e
 		if c.index != nil {
@@ -136,6 +146,7 @@ func (c *Core) SetEndpoints(now int64, eps []Endpoint) {
 		}
 	}
 	c.rebuildAddrMaps()
+	c.countRoles()
 	if len(removed) == 0 {
 		return
 	}
@@ -233,6 +244,14 @@ type candidateSet struct {
 	// data-parallel ranks; overloaded: one of those was past the overload
 	// filter. They name the filter of a 503 when no candidate is left.
 	ranked, overloaded bool
+
+	// In a pool with roles, a walk for a request whose stage is decided is
+	// split (roles.go): eps keeps the stage the busy test judges, dec the
+	// decode stage of a disaggregating request (disagg), found the
+	// candidates before the split.
+	split, disagg bool
+	dec           []candidate
+	found         int
 }
 
 // candidates is the package's one eligibility walk (SPEC §5): it refills
@@ -263,6 +282,7 @@ func (c *Core) candidates(now int64, r *Request, hashes []uint64, class int) *ca
 			s.best = max(s.best, x.cached)
 		}
 	}
+	c.splitByStage(s, r)
 	return s
 }
 
@@ -274,6 +294,7 @@ func (c *Core) candidates(now int64, r *Request, hashes []uint64, class int) *ca
 func (c *Core) walk(s *candidateSet, r *Request, rule *policy.BusyTest) {
 	s.eps = s.eps[:0]
 	s.best, s.busy, s.ranked, s.overloaded = 0, 0, false, false
+	s.split, s.disagg, s.dec = false, false, s.dec[:0]
 	pinned := r.pinned != drr.NoEndpoint
 	for i, n := 0, c.numCandidates(r); i < n; i++ {
 		e := c.candidateAt(r, i)
@@ -360,7 +381,7 @@ func (c *Core) judge(s *candidateSet, class int) drr.Verdict {
 
 // verdict is the shared verdict of a judged candidate set.
 func (c *Core) verdict(s *candidateSet, class int) drr.Verdict {
-	if len(s.eps) == 0 {
+	if len(s.eps) == 0 || s.stageMissing() != "" {
 		return drr.Unroutable
 	}
 	if c.pol.Busy[class].SharedBlocked(s.busy, len(s.eps)) {
@@ -372,6 +393,9 @@ func (c *Core) verdict(s *candidateSet, class int) drr.Verdict {
 // noEndpoint names the filter that left r without an endpoint, from the
 // walk that found no candidate for it.
 func (c *Core) noEndpoint(r *Request, s *candidateSet) error {
+	if st := s.stageMissing(); st != "" {
+		return stageError(st)
+	}
 	switch {
 	case len(c.reg.live) > 0 && !s.ranked && r.Ticket.HasRanks:
 		return &NoEndpointError{Filter: fmt.Sprintf("no endpoint has a data-parallel rank in %d-%d", r.Ticket.RankLo, r.Ticket.RankHi)}

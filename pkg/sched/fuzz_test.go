@@ -17,8 +17,9 @@ import (
 )
 
 // FuzzCore drives the core with random operations — admissions with and
-// without subset hints, releases, cancels, endpoint churn (add, remove,
-// taint, re-add, so ids are reused), scrapes, policy swaps, time steps and
+// without subset hints (of the base model or of LoRA adapters), releases, cancels, endpoint churn (add, remove,
+// taint, re-add, so ids are reused; prefill, decode and prefill-decode
+// roles), scrapes (with adapter lists), policy swaps, time steps and
 // shutdown — and checks after every step, against a model kept by the
 // test itself:
 //   - every admitted request leaves exactly once, and by the end every one
@@ -27,10 +28,17 @@ import (
 //     (by address) and its data-parallel ranks, not tainted unless the
 //     request was pinned, and not past the overload filter; the pick was
 //     not busy for a queueing class;
+//   - a prefill-only endpoint never serves a whole request (unless pinned
+//     to it); a disaggregated grant's prefill pod passed every filter,
+//     was not busy for a queueing class and carries the charge, and its
+//     decode pod is no prefill-only endpoint;
 //   - a shed request waited exactly since its admission, and at least its
 //     budget;
 //   - each endpoint's active prefill and in-flight counts are the sums over
-//     its unreleased grants, so they are zero once everything is released;
+//     its unreleased grants (a disaggregated grant is in flight on its
+//     prefill pod until its first byte or end, on its decode pod to its
+//     end), so they are zero once everything is released, as are the
+//     decoding counts and the adapter counts;
 //   - a policy swap keeps every queued request.
 func FuzzCore(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
@@ -149,7 +157,15 @@ type fuzzEP struct {
 	// oldest first: the core's ledger releases them in this order.
 	awaiting []*fuzzReq
 	counter  float64 // the engine's prompt-token counter, as scraped
+	role     Role
 }
+
+// fuzzRoles maps a byte to a role: prefill-decode is the most common.
+var fuzzRoles = [4]Role{RolePrefillDecode, RolePrefill, RoleDecode, RolePrefillDecode}
+
+// fuzzModels are the models requests name: the base model, and adapters
+// the scrapes report (a3 never reported: served as the base model).
+var fuzzModels = [5]string{"", "a0", "a1", "a2", "a3"}
 
 type fuzzReq struct {
 	r        *Request
@@ -158,7 +174,8 @@ type fuzzReq struct {
 	admitted int64
 	left     int
 	grant    *Grant
-	onEP     *fuzzEP
+	onEP     *fuzzEP // charged: the pick, or the prefill pod
+	dec      *fuzzEP // the decode pod of a disaggregated grant
 	prefill  uint64
 	firstOK  bool
 	released bool
@@ -189,6 +206,9 @@ func runCoreOps(data []byte, pk Chooser) error {
 	// With metrics expected, endpoints are stale until scraped and a
 	// stream that ends before its first byte waits in the engine ledger.
 	opts.ExpectMetrics = b0&0x40 != 0
+	// With prefill pods, requests above this many uncached tokens
+	// disaggregate.
+	opts.DisaggregateAboveUncachedTokens = uint64(b0>>4&3) * 300
 	c, err := New(pols[polIdx], opts)
 	if err != nil {
 		return err
@@ -203,7 +223,7 @@ func runCoreOps(data []byte, pk Chooser) error {
 		var in []Endpoint
 		for _, a := range fuzzAddrs {
 			if e := live[a]; e != nil {
-				in = append(in, Endpoint{Addr: a, Tainted: e.tainted, MaxBatchedTokens: e.maxBatched, Rank: fuzzRank(a)})
+				in = append(in, Endpoint{Addr: a, Tainted: e.tainted, MaxBatchedTokens: e.maxBatched, Rank: fuzzRank(a), Role: e.role})
 			}
 		}
 		c.SetEndpoints(now, in)
@@ -289,40 +309,82 @@ func runCoreOps(data []byte, pk Chooser) error {
 			if ci < 0 {
 				return fmt.Errorf("step %d (%s): grant in class %q the policy does not have", step, op, l.Class)
 			}
-			for k, addr := range l.Grant.Endpoints {
+			rule := c.pol.Busy[ci]
+			// filtered checks the filters every endpoint of a grant passed.
+			filtered := func(addr string) (*fuzzEP, error) {
 				e := live[addr]
 				switch {
 				case e == nil:
-					return fmt.Errorf("step %d (%s): granted endpoint %s is not live", step, op, addr)
+					return nil, fmt.Errorf("step %d (%s): granted endpoint %s is not live", step, op, addr)
 				case !allowed(fr, addr):
-					return fmt.Errorf("step %d (%s): granted %s outside the allow-list %v", step, op, addr, fr.allow)
+					return nil, fmt.Errorf("step %d (%s): granted %s outside the allow-list %v", step, op, addr, fr.allow)
 				case e.tainted && !fr.pinned:
-					return fmt.Errorf("step %d (%s): granted tainted %s to an unpinned request", step, op, addr)
+					return nil, fmt.Errorf("step %d (%s): granted tainted %s to an unpinned request", step, op, addr)
 				case !e.stale && e.waiting > fuzzMaxEngineQueue:
-					return fmt.Errorf("step %d (%s): granted %s past the overload filter (%d waiting)", step, op, addr, e.waiting)
+					return nil, fmt.Errorf("step %d (%s): granted %s past the overload filter (%d waiting)", step, op, addr, e.waiting)
 				case fr.r.Ticket.HasRanks && (fuzzRank(addr) < fr.r.Ticket.RankLo || fuzzRank(addr) > fr.r.Ticket.RankHi):
-					return fmt.Errorf("step %d (%s): granted %s (rank %d) outside ranks %d-%d", step, op, addr, fuzzRank(addr), fr.r.Ticket.RankLo, fr.r.Ticket.RankHi)
+					return nil, fmt.Errorf("step %d (%s): granted %s (rank %d) outside ranks %d-%d", step, op, addr, fuzzRank(addr), fr.r.Ticket.RankLo, fr.r.Ticket.RankHi)
 				}
-				rule := c.pol.Busy[ci]
+				return e, nil
+			}
+			notBusy := func(e *fuzzEP) error {
 				busy := e.stale || rule.EndpointBusy(drr.SaturatingAdd(e.active, e.unseenFromCore), e.maxBatched)
 				if rule.Auto {
 					// No scrape comes between the Drain and this check, so
-					// the threshold now is the one the grant was judged by.
-					t, ok := c.AutoThreshold(addr)
+					// the threshold now is the one the grant was judged by:
+					// the prefill pod's own for a disaggregated request.
+					t, ok := c.AutoThreshold(e.addr)
 					if !ok {
-						return fmt.Errorf("step %d (%s): class %s is auto but %s has no auto threshold", step, op, l.Class, addr)
+						return fmt.Errorf("step %d (%s): class %s is auto but %s has no auto threshold", step, op, l.Class, e.addr)
 					}
 					busy = e.stale || drr.SaturatingAdd(e.active, e.unseenFromCore) > t
 				}
-				if k == 0 && busy && c.pol.Classes[ci].Queueing {
+				if busy && c.pol.Classes[ci].Queueing {
 					return fmt.Errorf("step %d (%s): class %s pick %s is busy (active %d, unseen %d, stale %t)",
-						step, op, l.Class, addr, e.active, e.unseenFromCore, e.stale)
+						step, op, l.Class, e.addr, e.active, e.unseenFromCore, e.stale)
+				}
+				return nil
+			}
+			var pre *fuzzEP
+			if p := l.Grant.Prefiller(); p != "" {
+				e, err := filtered(p)
+				switch {
+				case err != nil:
+					return err
+				case e.role != RolePrefill:
+					return fmt.Errorf("step %d (%s): prefill pod %s has role %v", step, op, p, e.role)
+				case fr.pinned:
+					return fmt.Errorf("step %d (%s): a pinned request disaggregated on %s", step, op, p)
+				case l.Grant.PD != PDDisaggregated:
+					return fmt.Errorf("step %d (%s): prefilled on %s with decision %v", step, op, p, l.Grant.PD)
+				}
+				if err := notBusy(e); err != nil {
+					return err
+				}
+				pre = e
+			}
+			for k, addr := range l.Grant.Endpoints {
+				e, err := filtered(addr)
+				if err != nil {
+					return err
+				}
+				if e.role == RolePrefill && !fr.pinned {
+					return fmt.Errorf("step %d (%s): prefill-only %s serves a whole request (prefill pod %q)", step, op, addr, l.Grant.Prefiller())
+				}
+				if k == 0 && pre == nil {
+					if err := notBusy(e); err != nil {
+						return err
+					}
 				}
 			}
 			e := live[l.Grant.Endpoints[0]]
 			fr.grant, fr.onEP, fr.prefill = l.Grant, e, l.Req.Ticket.Uncached()
-			e.active += fr.prefill
-			e.inFlight++
+			if pre != nil {
+				fr.onEP, fr.dec = pre, e
+				e.inFlight++
+			}
+			fr.onEP.active += fr.prefill
+			fr.onEP.inFlight++
 		}
 		if err := syncAwaiting(step, op); err != nil {
 			return err
@@ -355,10 +417,17 @@ func runCoreOps(data []byte, pk Chooser) error {
 			case !fr.onEP.removed:
 				fr.onEP.awaiting = append(fr.onEP.awaiting, fr)
 			}
+			if fr.dec != nil { // the prefill pod's part is over
+				fr.onEP.inFlight--
+			}
 		}
 		if ev == EventDone {
 			fr.released = true
-			fr.onEP.inFlight--
+			if fr.dec != nil {
+				fr.dec.inFlight--
+			} else {
+				fr.onEP.inFlight--
+			}
 		}
 	}
 	pickReq := func(ok func(*fuzzReq) bool) *fuzzReq {
@@ -383,6 +452,9 @@ func runCoreOps(data []byte, pk Chooser) error {
 			b := next()
 			t := &Ticket{ClassHeader: fmt.Sprintf("c%d", b%4), RawISL: uint64(next())*4 + uint64(b&3),
 				Priority: int32(int8(next())), Strict: uint32(next() % 3), Tenant: fmt.Sprintf("t%d", b>>4&3)}
+			if b&0x80 != 0 {
+				t.Model = fuzzModels[int(next())%len(fuzzModels)]
+			}
 			if withPrefix { // prompts of a few shared prefixes, so overlaps happen
 				group := uint64(next() % 4)
 				n := int(t.RawISL / 4)
@@ -442,6 +514,9 @@ func runCoreOps(data []byte, pk Chooser) error {
 			a := fuzzAddrs[int(next())%len(fuzzAddrs)]
 			if live[a] == nil {
 				live[a] = &fuzzEP{addr: a, maxBatched: uint64(next()) * 64, stale: opts.ExpectMetrics}
+				if b := next(); b&0x80 != 0 {
+					live[a].role = fuzzRoles[b&3]
+				}
 				setEndpoints()
 			}
 		case 10: // remove an endpoint
@@ -483,6 +558,16 @@ func runCoreOps(data []byte, pk Chooser) error {
 				if b&0x20 != 0 { // the engine's counters: prompt tokens past prefill, running requests
 					e.counter += float64(next()) * 16
 					m.PromptTokens, m.Known = e.counter, m.Known|podmetrics.PromptTokens|podmetrics.Running
+				}
+				if b&0x10 != 0 { // vllm:lora_requests_info: up to two of three adapters
+					k := next()
+					m.Known |= podmetrics.LoRA
+					m.LoRA.MaxLoRA = 2
+					for i, name := range fuzzModels[1:4] {
+						if k>>i&1 != 0 && len(m.LoRA.Running) < 2 {
+							m.LoRA.Running = append(m.LoRA.Running, name)
+						}
+					}
 				}
 			}
 			c.SetMetrics(now, a, m, stale)
@@ -532,6 +617,11 @@ func runCoreOps(data []byte, pk Chooser) error {
 	for _, es := range c.Snapshot().Endpoints {
 		if es.ActivePrefill != 0 || es.InFlight != 0 {
 			return fmt.Errorf("endpoint %s holds %d prefill tokens and %d in flight after every release", es.Addr, es.ActivePrefill, es.InFlight)
+		}
+	}
+	for _, id := range c.reg.live {
+		if e := c.reg.eps[id]; e.decoding != 0 || len(e.lora.ours) != 0 {
+			return fmt.Errorf("endpoint %s counts %d decoding and adapters %v after every release", e.addr, e.decoding, e.lora.ours)
 		}
 	}
 	return nil

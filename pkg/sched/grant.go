@@ -31,17 +31,29 @@ type Releaser interface {
 type Grant struct {
 	// Endpoints is the pick followed by ordered fallbacks ("ip:port").
 	Endpoints []string
-	// Engine is the picked endpoint's engine (for the priority polarity).
-	Engine policy.Engine
 
 	rel  Releaser
-	ep   *endpoint
+	ep   *endpoint // the pick, charged; a disaggregated grant's prefill pod
 	pick [1]string // Endpoints' storage when there are no fallbacks
 
 	// Owner-only from here on: the charge (uncached tokens), the prompt
 	// as the engine counts it (raw tokens) and when it was sent.
-	prefill, raw    uint64
-	sentAt          int64
+	prefill, raw uint64
+	sentAt       int64
+	// x is what a disaggregated or adapter grant needs besides; nil for
+	// every other grant, so a pool without roles or adapters pays one
+	// pointer for them.
+	x *grantExtra
+
+	// Engine is the picked endpoint's engine (for the priority polarity).
+	Engine policy.Engine
+	// PD is the disaggregation decision (PDNone in a pool without prefill
+	// pods); see roles.go.
+	PD PDDecision
+	// LoRA is where the pick stood for the request's adapter (LoRANone
+	// for a base-model request); see lora.go.
+	LoRA LoRAOutcome
+
 	prefillReleased bool
 	finished        bool
 
@@ -49,13 +61,61 @@ type Grant struct {
 	done      atomic.Bool
 }
 
+// grantExtra is the part of a grant that only disaggregated and adapter
+// requests use.
+type grantExtra struct {
+	prefiller string    // the prefill pod's address (disaggregated)
+	dec       *endpoint // the decode pod (disaggregated)
+	adapter   string    // the adapter counted on ep (and dec) until released
+}
+
+// Prefiller is the prefill pod ("ip:port") of a disaggregated request, for
+// the x-prefiller-host-port header; "" when the pick serves the whole
+// request.
+func (g *Grant) Prefiller() string {
+	if g.x == nil {
+		return ""
+	}
+	return g.x.prefiller
+}
+
+// NewGrant returns a grant no core accounts for (its events are
+// dropped): to endpoints, and disaggregated with its prefill on prefiller
+// when that is not "". For Acquirers that do not schedule, such as tests'.
+func NewGrant(endpoints []string, prefiller string) *Grant {
+	g := &Grant{Endpoints: endpoints}
+	if prefiller != "" {
+		g.x = &grantExtra{prefiller: prefiller}
+	}
+	return g
+}
+
+// extra returns g's extra part, allocating it on first use.
+func (g *Grant) extra() *grantExtra {
+	if g.x == nil {
+		g.x = new(grantExtra)
+	}
+	return g.x
+}
+
+// dec is the decode pod of a disaggregated grant, else nil.
+func (g *Grant) dec() *endpoint {
+	if g.x == nil {
+		return nil
+	}
+	return g.x.dec
+}
+
 // RemoteGrant is a grant another replica's core made (the leader's, over
-// the replica link): the pick and its fallbacks, and the picked
-// endpoint's engine. Its events go to rel, which carries them back to
-// that core; it must never be given to this replica's Core.Release,
-// which accounts only for its own grants.
-func RemoteGrant(endpoints []string, engine policy.Engine, rel Releaser) *Grant {
-	return &Grant{Endpoints: endpoints, Engine: engine, rel: rel}
+// the replica link): the pick and its fallbacks, the prefill pod of a
+// disaggregated grant ("" for none), and the picked endpoint's engine.
+// Its events go to rel, which carries them back to that core; it must
+// never be given to this replica's Core.Release, which accounts only for
+// its own grants.
+func RemoteGrant(endpoints []string, prefiller string, engine policy.Engine, rel Releaser) *Grant {
+	g := NewGrant(endpoints, prefiller)
+	g.Engine, g.rel = engine, rel
+	return g
 }
 
 // FirstByte reports the first response byte: the endpoint finished this
@@ -81,6 +141,11 @@ func (g *Grant) Done() {
 // the endpoint's engine ledger, which keeps it until the engine's own
 // counters say the prompt left prefill (see ledger.go). The endpoint's
 // lanes are rechecked at the next Drain.
+//
+// A disaggregated grant is charged to its prefill pod (ep), whose ledger
+// takes the charge when the stream ends first; the prefill pod holds the
+// request in flight until the first byte or the end, and the decode pod
+// (dec) to the end.
 func (c *Core) Release(g *Grant, ev Event) {
 	if g.ep == nil {
 		return // a RemoteGrant: not this core's to account
@@ -93,24 +158,24 @@ func (c *Core) Release(g *Grant, ev Event) {
 		if !g.prefillReleased {
 			e.led.unobserved += g.raw // the engine counts this prompt too
 			c.prefillDone(g)
-			e.decoding++ // past prefill the request decodes
+			c.startDecode(g)
 		}
 		if ev != EventDone {
 			return
 		}
-		if e.decoding > 0 {
-			e.decoding--
+		if d := g.decodePod(); d.decoding > 0 {
+			d.decoding--
 		}
 	} else {
 		// The stream ended with no first byte reported: a gateway that
 		// sends no response phases, or a request that ended early. Its
-		// prompt may still be in the engine.
+		// prompt may still be in the (prefill pod's) engine.
 		c.await(e, g)
+		if g.dec() != nil {
+			c.leavePrefill(g)
+		}
 	}
-	g.finished = true
-	if e.inFlight > 0 {
-		e.inFlight--
-	}
+	c.finish(g)
 }
 
 // releaseUnsent undoes a grant its caller never received: the request
@@ -121,11 +186,43 @@ func (c *Core) releaseUnsent(g *Grant) {
 	}
 	if !g.prefillReleased {
 		c.prefillDone(g)
+		if g.dec() != nil {
+			c.leavePrefill(g)
+		}
+	} else if d := g.decodePod(); d.decoding > 0 {
+		d.decoding--
 	}
+	c.finish(g)
+}
+
+// finish ends g on the endpoint that held it to its end.
+func (c *Core) finish(g *Grant) {
 	g.finished = true
-	if e := g.ep; e.inFlight > 0 {
-		e.inFlight--
+	d := g.decodePod()
+	c.adapterDone(g, d)
+	if d.inFlight > 0 {
+		d.inFlight--
 	}
+}
+
+// decodePod is the endpoint that decodes g: its decode pod when
+// disaggregated, else its pick.
+func (g *Grant) decodePod() *endpoint {
+	if d := g.dec(); d != nil {
+		return d
+	}
+	return g.ep
+}
+
+// startDecode is g's first byte, after its charge returned: past prefill
+// the request decodes (on the decode pod of a disaggregated grant, which
+// the prefill pod hands it over to).
+func (c *Core) startDecode(g *Grant) {
+	if g.dec() != nil {
+		c.handOver(g)
+		return
+	}
+	g.ep.decoding++
 }
 
 // prefillDone returns the grant's prefill charge.
@@ -146,7 +243,7 @@ func (c *Core) prefillDone(g *Grant) {
 // charges the pick and records the decision (SPEC §5 pick and charge).
 func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	t := r.Ticket
-	if len(s.eps) == 0 {
+	if len(s.eps) == 0 || s.stageMissing() != "" {
 		c.reject(r, c.noEndpoint(r, s), ReasonNoEndpoints)
 		return
 	}
@@ -165,6 +262,7 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 			Decoding:      max(e.decoding, e.running),
 		})
 	}
+	c.setLoRATiers(t, c.cands)
 	c.order = c.opts.Chooser.Choose(t, c.cands, c.order[:0])
 	n := min(1+c.opts.MaxFallbacks, len(c.order))
 	e := c.reg.eps[c.cands[c.order[0]].ID]
@@ -182,6 +280,10 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	e.inFlight++
 	e.peakOurs = max(e.peakOurs, e.ours())
 	c.q.EndpointChanged(e.id)
+	if s.split {
+		c.decodeStage(g, r, s) // disaggregated: the pick above is the prefill pod
+	}
+	c.noteAdapter(g, t)
 	if c.index != nil && len(t.Blocks) > 0 && t.BlockSize > 0 {
 		c.index.Record(int(e.id), t.Blocks, t.BlockSize, now)
 	}

@@ -83,6 +83,10 @@ func (c *Core) SetMetrics(now int64, addr string, m podmetrics.Metrics, stale bo
 		}
 		e.unseenWaiting, e.unseenPrefill = unseen, prefill
 		e.running = m.Running
+		if m.Has(podmetrics.KVCacheUsage) {
+			e.kvUsage = m.KVCacheUsage // orders decode pods (roles.go)
+		}
+		c.setLoRA(e, &m) // LoRA affinity (lora.go)
 		if c.index != nil && m.Has(podmetrics.NumBlocks|podmetrics.BlockSize) {
 			c.index.SetCapacity(int(e.id), drr.SaturatingMul(uint64(m.NumBlocks), uint64(m.BlockSize)))
 		}

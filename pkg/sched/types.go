@@ -28,6 +28,10 @@ type Policy struct {
 	// from; nil: the x-laneway-tenant header, trusted. The request path
 	// reads it to fill Ticket.Tenant.
 	Identity *policy.Identity
+	// Disaggregate is each class's disaggregation threshold (same index as
+	// Classes); a class beyond its end, or not Set, takes
+	// Options.DisaggregateAboveUncachedTokens.
+	Disaggregate []policy.Disaggregation
 }
 
 // FromCompiled adapts a compiled policy: classes resolve by the ticket's
@@ -39,6 +43,8 @@ func FromCompiled(c *policy.Compiled) *Policy {
 		Resolve:  func(t *Ticket) int { return c.ResolveFor(t.Model, t.ClassHeader, t.Uncached(), &t.Rights) },
 		Rights:   func(t *Ticket) policy.TenantRights { return c.Rights(t.Tenant) },
 		Identity: c.Identity(),
+
+		Disaggregate: c.Disaggregate,
 	}
 }
 
@@ -175,6 +181,9 @@ type Endpoint struct {
 	// chooses the metric names scraped and the polarity of a forwarded
 	// priority.
 	Engine string
+	// Role is what the endpoint serves in a disaggregated pool (the pod
+	// label llm-d.ai/role); the zero value serves whole requests.
+	Role Role
 }
 
 // EngineOf resolves an endpoint's engine name against the default.
@@ -290,6 +299,8 @@ type EndpointSnapshot struct {
 	MaxBatchedTokens uint64
 	// Busy: stale, or busy for every class that queues.
 	Busy bool
+	// Role is the endpoint's role.
+	Role Role
 	// AwaitingEngine is the grants whose stream ended before a first byte
 	// was reported and whose prefill the engine has not confirmed yet:
 	// still charged to ActivePrefill (SPEC §5).

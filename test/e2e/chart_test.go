@@ -338,7 +338,8 @@ func TestChartEPPDeployment(t *testing.T) {
 			args := strings.Join(c.Args, " ")
 			for _, want := range []string{"--pool-name=lw-laneway", "--pool-namespace=pool-ns", "--pool-group=inference.networking.k8s.io",
 				"--grpc-port=9002", "--grpc-health-port=9003", "--metrics-port=9090", "--status-port=9091", "--status-bind=127.0.0.1", "--secure-serving=true",
-				"--max-num-batched-tokens=8192", "--engine-type=vllm", "--drain-timeout=30s"} {
+				"--max-num-batched-tokens=8192", "--engine-type=vllm", "--drain-timeout=30s",
+				"--role-label=llm-d.ai/role", "--disaggregate-above-uncached-tokens=256"} {
 				if tc.set == "ha" && strings.HasPrefix(want, "--pool-name") {
 					continue
 				}
@@ -564,6 +565,7 @@ func TestChartSchemaRejects(t *testing.T) {
 		{"leader election off with replicas", "epp:\n  replicas: 2\n  leaderElection: disabled\n", []string{"epp.leaderElection", "replicas"}},
 		{"unknown leader election mode", "epp:\n  leaderElection: sometimes\n", []string{"/epp/leaderElection"}},
 		{"unknown engine", "epp:\n  engineType: tgi\n", []string{"/epp/engineType"}},
+		{"role label not a label key", "epp:\n  roleLabel: \"my role\"\n", []string{"/epp/roleLabel"}},
 		{"port out of range", "epp:\n  ports: {grpc: 70000, health: 9003, metrics: 9090}\n", []string{"/epp/ports/grpc"}},
 		{"nine target ports", "inferencePool:\n  targetPorts: [1, 2, 3, 4, 5, 6, 7, 8, 9]\n", []string{"/inferencePool/targetPorts"}},
 		{"unknown failure mode", "inferencePool:\n  failureMode: Open\n", []string{"/inferencePool/failureMode"}},

@@ -5,6 +5,7 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -42,7 +43,24 @@ type Config struct {
 
 	// DebugRecords is how many finished requests /debug/requests keeps.
 	DebugRecords int
+
+	// Role is the server's part in a disaggregated pool (pd.go): RolePrefill
+	// serves every request itself; RoleDecode and RolePrefillDecode act as
+	// llm-d's decode sidecar for a request that names a prefill pod in
+	// x-prefiller-host-port.
+	Role string
+	// KVTransferTime is how long a disaggregated request's KV cache takes
+	// to arrive from its prefill pod, divided by Speedup like every
+	// duration of the model.
+	KVTransferTime time.Duration
 }
+
+// Roles of --role, the values of the llm-d.ai/role pod label.
+const (
+	RolePrefill       = "prefill"
+	RoleDecode        = "decode"
+	RolePrefillDecode = "prefill-decode"
+)
 
 // DefaultConfig returns vLLM-like defaults (the demo overrides
 // MaxNumSeqs to 4).
@@ -54,6 +72,7 @@ func DefaultConfig() Config {
 		Config:       engine.DefaultConfig(),
 		MaxModelLen:  32768,
 		DebugRecords: 1024,
+		Role:         RolePrefillDecode,
 	}
 }
 
@@ -69,6 +88,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.MaxModelLen, "max-model-len", c.MaxModelLen, "maximum prompt plus max_tokens of a request")
 	fs.Float64Var(&c.Speedup, "speedup", c.Speedup, "divides every duration of the timing model")
 	fs.IntVar(&c.DebugRecords, "debug-records", c.DebugRecords, "finished requests kept for /debug/requests")
+	fs.StringVar(&c.Role, "role", c.Role, "part in a disaggregated pool: prefill, decode or prefill-decode; decode and prefill-decode servers act as the decode sidecar for requests with x-prefiller-host-port (prefill there with max_tokens 1, wait --kv-transfer-time, decode here)")
+	fs.DurationVar(&c.KVTransferTime, "kv-transfer-time", c.KVTransferTime, "time for a disaggregated request's KV cache to arrive from its prefill pod (divided by --speedup)")
 }
 
 // Validate reports the first setting that cannot work.
@@ -91,6 +112,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--max-model-len %d exceeds the KV cache (%d blocks of %d tokens)", c.MaxModelLen, c.NumGPUBlocks, c.BlockSize)
 	case c.DebugRecords < 0:
 		return fmt.Errorf("--debug-records %d: want >= 0", c.DebugRecords)
+	case c.Role != RolePrefill && c.Role != RoleDecode && c.Role != RolePrefillDecode:
+		return fmt.Errorf("--role %q: want %s, %s or %s", c.Role, RolePrefill, RoleDecode, RolePrefillDecode)
+	case c.KVTransferTime < 0:
+		return fmt.Errorf("--kv-transfer-time %v: want >= 0", c.KVTransferTime)
 	}
 	return nil
 }

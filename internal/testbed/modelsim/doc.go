@@ -20,4 +20,13 @@
 // usage names its own hit as OpenAI's prompt_tokens_details.cached_tokens
 // (vLLM's with --enable-prompt-tokens-details), so a client replaying a
 // trace learns every request's hit.
+//
+// In a disaggregated pool (--role) a decode or prefill-decode server acts
+// as llm-d's decode sidecar for a request with x-prefiller-host-port: it
+// prefills on that server with max_tokens 1, waits --kv-transfer-time for
+// the KV cache, then decodes with the prompt counted as cached (pd.go).
+// /debug/requests records on both sides prove where each request was
+// prefilled and decoded. LoRA adapters (--lora-modules, --max-loras) stay
+// resident between requests; loading one costs --lora-load-time and counts
+// in modelsim_lora_loads_total.
 package modelsim

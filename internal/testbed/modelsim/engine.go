@@ -38,8 +38,14 @@ type Seq struct {
 	LoRA string
 	// Arrival is when the request reached the server.
 	Arrival time.Time
+	// RequestID, PrefilledBy and RemoteDecode are the request's part in a
+	// disaggregated pool (Record).
+	RequestID    string
+	PrefilledBy  string
+	RemoteDecode bool
 
-	hashes []uint64 // full prompt blocks
+	transferred int      // prompt tokens whose KV came from a prefill pod
+	hashes      []uint64 // full prompt blocks
 
 	// Engine-owned: the model's request, once submitted.
 	es *engine.Seq
@@ -107,6 +113,7 @@ type Engine struct {
 	// Owned by run.
 	events     []engine.Event
 	generated  uint64 // model tokens already counted in the metric
+	loraLoads  uint64 // model adapter loads already counted in the metric
 	notify     []*Seq // requests to wake after the next gauge update
 	loraLabels string
 }
@@ -150,6 +157,13 @@ type Request struct {
 	// Arrival is when the request reached the server (zero: now), so
 	// latency metrics include parsing and tokenization, as vLLM's do.
 	Arrival time.Time
+	// Transferred is how many prompt tokens' KV arrived from a prefill pod
+	// (a disaggregated request); PrefilledBy names that pod. RequestID and
+	// RemoteDecode are recorded as they are (Record).
+	Transferred  int
+	PrefilledBy  string
+	RequestID    string
+	RemoteDecode bool
 }
 
 // Submit queues a request. It reports false when the engine has stopped.
@@ -161,6 +175,10 @@ func (e *Engine) Submit(r Request) (*Seq, bool) {
 		MaxTokens:    r.MaxTokens,
 		LoRA:         r.LoRA,
 		Arrival:      r.Arrival,
+		RequestID:    r.RequestID,
+		PrefilledBy:  r.PrefilledBy,
+		RemoteDecode: r.RemoteDecode,
+		transferred:  r.Transferred,
 		notify:       make(chan struct{}, 1),
 	}
 	if s.Arrival.IsZero() {
@@ -248,7 +266,7 @@ func (e *Engine) takeInbox(now int64) {
 	for _, s := range in {
 		es, err := e.model.Submit(now, engine.Request{
 			PromptTokens: s.PromptTokens, Hashes: s.hashes, MaxTokens: s.MaxTokens,
-			Priority: s.Priority, LoRA: s.LoRA, Data: s,
+			Priority: s.Priority, LoRA: s.LoRA, TransferredTokens: s.transferred, Data: s,
 		})
 		s.hashes = nil
 		if err != nil {
@@ -319,6 +337,10 @@ func (e *Engine) apply(evs []engine.Event) {
 	if st.GeneratedTokens > e.generated {
 		e.m.generationTokens.Add(float64(st.GeneratedTokens - e.generated))
 		e.generated = st.GeneratedTokens
+	}
+	if st.LoRALoads > e.loraLoads {
+		e.m.loraLoads.Add(float64(st.LoRALoads - e.loraLoads))
+		e.loraLoads = st.LoRALoads
 	}
 }
 

@@ -21,6 +21,8 @@ type metrics struct {
 	generationTokens prometheus.Counter
 	success          prometheus.Counter
 	aborted          prometheus.Counter
+	loraLoads        prometheus.Counter
+	remotePrefills   *prometheus.CounterVec
 	ttft             prometheus.Observer
 	e2e              prometheus.Observer
 	queueTime        prometheus.Observer
@@ -80,6 +82,16 @@ func newMetrics(cfg Config, waiting, running func() float64) *metrics {
 	m.aborted = prometheus.NewCounter(prometheus.CounterOpts{Name: "modelsim_requests_aborted_total",
 		Help: "Requests whose client went away before the last token.", ConstLabels: model})
 	f(m.aborted)
+	m.loraLoads = prometheus.NewCounter(prometheus.CounterOpts{Name: "modelsim_lora_loads_total",
+		Help: "LoRA adapters loaded into a slot (each costs --lora-load-time).", ConstLabels: model})
+	f(m.loraLoads)
+	m.remotePrefills = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "modelsim_remote_prefills_total",
+		Help: "Disaggregated requests this server decoded, by the outcome of their prefill on the prefill pod (ok, error).", ConstLabels: model},
+		[]string{"outcome"})
+	f(m.remotePrefills)
+	for _, o := range []string{"ok", "error"} {
+		m.remotePrefills.WithLabelValues(o)
+	}
 	m.maxRunning = prometheus.NewGauge(prometheus.GaugeOpts{Name: "modelsim_max_num_requests_running",
 		Help: "Largest number of requests that ran at once since start.", ConstLabels: model})
 	f(m.maxRunning)

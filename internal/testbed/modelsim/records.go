@@ -15,8 +15,18 @@ type Record struct {
 	LoRA         string `json:"lora,omitempty"`
 	PromptTokens int    `json:"prompt_tokens"`
 	MaxTokens    int    `json:"max_tokens"`
-	// CachedTokens is the prefix-cache hit at admission.
+	// CachedTokens is the prefix-cache hit at admission (with the
+	// transferred prompt of a disaggregated request).
 	CachedTokens int `json:"cached_tokens"`
+	// RequestID is the request's x-request-id header, if any: it ties the
+	// two records of a disaggregated request together.
+	RequestID string `json:"request_id,omitempty"`
+	// PrefilledBy is, on a decode pod, the prefill pod ("host:port") that
+	// prefilled the request before its KV cache was transferred here.
+	PrefilledBy string `json:"prefilled_by,omitempty"`
+	// RemoteDecode marks, on a prefill pod, a request prefilled for a
+	// decode pod (kv_transfer_params.do_remote_decode).
+	RemoteDecode bool `json:"remote_decode,omitempty"`
 	// Generated is the number of tokens produced.
 	Generated int `json:"completion_tokens"`
 	// Outcome is "length" (all max_tokens generated) or "abort".
@@ -33,6 +43,7 @@ func recordOf(s *Seq, outcome string) Record {
 	return Record{
 		ID: s.ID, Priority: s.Priority, LoRA: s.LoRA,
 		PromptTokens: s.PromptTokens, CachedTokens: s.cachedTokens,
+		RequestID: s.RequestID, PrefilledBy: s.PrefilledBy, RemoteDecode: s.RemoteDecode,
 		MaxTokens: s.MaxTokens, Generated: int(s.progress.Load()), Outcome: outcome,
 		Arrival: s.Arrival, Start: s.start, FirstToken: s.firstToken, Finish: s.finish,
 	}

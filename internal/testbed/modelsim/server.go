@@ -41,6 +41,8 @@ type Server struct {
 	adapters map[string]bool // LoRA adapter names
 	instance string
 	created  int64
+	// prefillClient is the decode sidecar's client to prefill pods (pd.go).
+	prefillClient *http.Client
 
 	// hold, while non-nil, is a gate new completions wait at before they
 	// reach the engine (POST /debug/hold, /debug/release).
@@ -55,7 +57,8 @@ func New(cfg Config, log logr.Logger) (*Server, error) {
 		return nil, fmt.Errorf("modelsim config: %w", err)
 	}
 	s := &Server{cfg: cfg, log: log, records: newRecordRing(cfg.DebugRecords),
-		adapters: map[string]bool{}, instance: cfg.Instance, created: time.Now().Unix()}
+		adapters: map[string]bool{}, instance: cfg.Instance, created: time.Now().Unix(),
+		prefillClient: newPrefillClient()}
 	for _, a := range cfg.LoRAAdapters {
 		if a == cfg.Model {
 			return nil, fmt.Errorf("modelsim config: --lora-modules %q repeats --model", a)
@@ -136,6 +139,7 @@ func apiError(w http.ResponseWriter, code int, msg string) {
 	typ := map[int]string{
 		http.StatusBadRequest:            "BadRequestError",
 		http.StatusNotFound:              "NotFoundError",
+		http.StatusBadGateway:            "BadGatewayError",
 		http.StatusRequestEntityTooLarge: "BadRequestError",
 		http.StatusServiceUnavailable:    "ServiceUnavailableError",
 	}[code]
@@ -161,6 +165,8 @@ type params struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	Priority int `json:"priority"`
+	// KVTransferParams marks a prefill for a remote decode (pd.go).
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
 }
 
 // present reports whether a raw field was given and is not null.
@@ -285,7 +291,23 @@ func (s *Server) completions(chat bool) http.HandlerFunc {
 				s.cfg.MaxModelLen, len(tokens)+maxTokens, len(tokens), maxTokens))
 			return
 		}
-		seq, ok := s.engine.Submit(Request{Tokens: tokens, MaxTokens: maxTokens, Priority: p.Priority, LoRA: lora, Arrival: arrival})
+		sub := Request{Tokens: tokens, MaxTokens: maxTokens, Priority: p.Priority, LoRA: lora, Arrival: arrival,
+			RequestID: r.Header.Get(RequestIDHeader), RemoteDecode: p.KVTransferParams != nil && p.KVTransferParams.DoRemoteDecode}
+		if host := r.Header.Get(PrefillerHeader); host != "" && s.cfg.Role != RolePrefill {
+			// The decode sidecar: prefill there, pull the KV cache, decode
+			// here. This server's part starts once the cache is here.
+			if err := s.prefillRemotely(r.Context(), host, r.URL.Path, body, r.Header); err != nil {
+				if r.Context().Err() != nil {
+					return // the client went away
+				}
+				s.m.remotePrefills.WithLabelValues("error").Inc()
+				apiError(w, http.StatusBadGateway, "disaggregated prefill failed: "+err.Error())
+				return
+			}
+			s.m.remotePrefills.WithLabelValues("ok").Inc()
+			sub.Transferred, sub.PrefilledBy, sub.Arrival = len(tokens), host, time.Now()
+		}
+		seq, ok := s.engine.Submit(sub)
 		if !ok {
 			apiError(w, http.StatusServiceUnavailable, "the server is shutting down")
 			return
@@ -477,6 +499,8 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 type DebugRequests struct {
 	// Instance is the x-modelsim-instance name.
 	Instance string `json:"instance"`
+	// Role is the server's --role.
+	Role string `json:"role"`
 	// MaxRunning is the most requests that ever ran at once.
 	MaxRunning int `json:"max_running"`
 	// Records are the last ended requests, oldest first (?n= keeps the
@@ -494,5 +518,5 @@ func (s *Server) debugRequests(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(DebugRequests{Instance: s.instance, MaxRunning: s.engine.MaxRunning(), Records: s.records.last(n)})
+	_ = json.NewEncoder(w).Encode(DebugRequests{Instance: s.instance, Role: s.cfg.Role, MaxRunning: s.engine.MaxRunning(), Records: s.records.last(n)})
 }

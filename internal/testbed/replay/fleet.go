@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/internal/testbed/simulate"
 	"github.com/laneway-dev/laneway/pkg/engine"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // FleetOptions describe the processes of a replay.
@@ -54,6 +56,7 @@ type Fleet struct {
 
 	procs  []*launch.Proc
 	logDir string
+	tmpDir string // the picker's endpoints file, when the fleet has roles
 }
 
 // StartFleet starts the servers, the picker and the gateway, and returns
@@ -76,7 +79,7 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 	forward := false
 	for i, s := range o.Fleet.Servers {
 		sim, err := o.Bins.StartSim(ctx, launch.SimOptions{Host: cmp.Or(o.Host, "127.0.0.1"),
-			Args: append(ServerArgs(s.Engine), o.SimArgs...), Proc: proc(fmt.Sprintf("modelsim-%d", i))})
+			Args: slices.Concat(ServerArgs(s.Engine), RoleArgs(s), o.SimArgs), Proc: proc(fmt.Sprintf("modelsim-%d", i))})
 		if err != nil {
 			return nil, err
 		}
@@ -99,7 +102,19 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 		// priority; the picker does so with this flag.
 		args = append(args, "--forward-priority")
 	}
-	epp, err := o.Bins.StartEPP(ctx, launch.EPPOptions{Endpoints: f.Servers, Policy: o.Policy,
+	endpoints := f.Servers
+	if text := EndpointsFile(o.Fleet, f.Servers); text != "" {
+		// Roles reach the picker only through an endpoints file.
+		if f.tmpDir, err = os.MkdirTemp("", "laneway-replay-"); err != nil {
+			return nil, err
+		}
+		file := filepath.Join(f.tmpDir, "endpoints")
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			return nil, err
+		}
+		endpoints, args = nil, append(args, "--endpoints-file="+file)
+	}
+	epp, err := o.Bins.StartEPP(ctx, launch.EPPOptions{Endpoints: endpoints, Policy: o.Policy,
 		Args: append(args, o.EPPArgs...), Proc: proc("epp")})
 	if err != nil {
 		return nil, err
@@ -128,6 +143,40 @@ func ServerArgs(e engine.Config) []string {
 	return args
 }
 
+// RoleArgs are the modelsim flags of server s's part in a disaggregated
+// pool: its role, and the KV transfer wait of a server that decodes for
+// prefill pods, multiplied by its engine's speedup (modelsim divides every
+// model time by it; the simulator waits the transfer time as given). None
+// for a prefill-decode server without a transfer time.
+func RoleArgs(s simulate.Server) []string {
+	var args []string
+	if s.Role != sched.RolePrefillDecode {
+		args = append(args, "--role="+s.Role.String())
+	}
+	if s.KVTransferTime > 0 {
+		d := s.KVTransferTime
+		if sp := s.Engine.Speedup; sp > 0 && sp != 1 {
+			d = time.Duration(float64(d) * sp)
+		}
+		args = append(args, "--kv-transfer-time="+d.String())
+	}
+	return args
+}
+
+// EndpointsFile is the picker's --endpoints-file for a fleet with roles,
+// whose servers run at addrs (in the fleet's order): one "ip:port role"
+// line each. "" when every server is prefill-decode (--endpoints does).
+func EndpointsFile(fl *simulate.Fleet, addrs []string) string {
+	if !slices.ContainsFunc(fl.Servers, func(s simulate.Server) bool { return s.Role != sched.RolePrefillDecode }) {
+		return ""
+	}
+	var b strings.Builder
+	for i, s := range fl.Servers {
+		fmt.Fprintf(&b, "%s %s\n", addrs[i], s.Role)
+	}
+	return b.String()
+}
+
 // Stop stops the gateway, the picker and the servers, in that order, and
 // writes their logs to LogDir.
 func (f *Fleet) Stop() error {
@@ -149,6 +198,12 @@ func (f *Fleet) Stop() error {
 		}
 	}
 	f.procs = nil
+	if f.tmpDir != "" {
+		if err := os.RemoveAll(f.tmpDir); err != nil {
+			errs = append(errs, err)
+		}
+		f.tmpDir = ""
+	}
 	return errors.Join(errs...)
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/laneway-dev/laneway/internal/testbed/simulate"
 	"github.com/laneway-dev/laneway/pkg/engine"
 	"github.com/laneway-dev/laneway/pkg/policy"
+	"github.com/laneway-dev/laneway/pkg/sched"
 	"github.com/laneway-dev/laneway/pkg/tokenize"
 )
 
@@ -137,6 +138,9 @@ func TestRun(t *testing.T) {
 		if o.Leave < q.Arrival || o.Attempts != 1 {
 			t.Errorf("request %d: left at %d, arrived %d, %d attempts", i, o.Leave, q.Arrival, o.Attempts)
 		}
+		if o.Prefill != -1 { // a real run does not learn a prefill server
+			t.Errorf("request %d: prefill server %d, want none (-1)", i, o.Prefill)
+		}
 		if want := res.Classes[o.Class]; want != q.Class {
 			t.Errorf("request %d: class %q, header %q", i, want, q.Class)
 		}
@@ -231,5 +235,31 @@ func TestServerArgs(t *testing.T) {
 		if !slices.Contains(args, want) {
 			t.Errorf("args %v lack %s", args, want)
 		}
+	}
+}
+
+// TestRoleArgs: a P/D fleet's servers start with their roles and their KV
+// transfer wait (scaled so modelsim's division by the speedup gives the
+// simulated wait), and the picker learns the roles from an endpoints file;
+// a fleet without roles passes neither.
+func TestRoleArgs(t *testing.T) {
+	e := engine.DefaultConfig()
+	e.Speedup = 4
+	fl := &simulate.Fleet{Servers: []simulate.Server{
+		{Engine: e, Role: sched.RolePrefill},
+		{Engine: e, Role: sched.RoleDecode, KVTransferTime: 20 * time.Millisecond},
+		{Engine: e},
+	}}
+	for i, want := range [][]string{{"--role=prefill"}, {"--role=decode", "--kv-transfer-time=80ms"}, nil} {
+		if got := RoleArgs(fl.Servers[i]); !slices.Equal(got, want) {
+			t.Errorf("server %d: %v, want %v", i, got, want)
+		}
+	}
+	addrs := []string{"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"}
+	if got, want := EndpointsFile(fl, addrs), "127.0.0.1:1 prefill\n127.0.0.1:2 decode\n127.0.0.1:3 prefill-decode\n"; got != want {
+		t.Errorf("endpoints file %q, want %q", got, want)
+	}
+	if got := EndpointsFile(&simulate.Fleet{Servers: fl.Servers[2:]}, addrs[2:]); got != "" {
+		t.Errorf("a fleet without roles: endpoints file %q, want none", got)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/laneway-dev/laneway/pkg/engine"
+	"github.com/laneway-dev/laneway/pkg/sched"
 )
 
 // Server is one simulated model server.
@@ -19,6 +20,12 @@ type Server struct {
 	Addr string
 	// Engine is its timing model.
 	Engine engine.Config
+	// Role is its part in a disaggregated pool (the pod label the picker
+	// reads); KVTransferTime is how long a disaggregated request's KV
+	// cache takes to reach it from its prefill pod, when it decodes one
+	// (modelsim's --kv-transfer-time).
+	Role           sched.Role
+	KVTransferTime time.Duration
 }
 
 // Fleet is the model servers of a run.
@@ -68,6 +75,14 @@ type FleetGroup struct {
 	BlockSize           int     `json:"block_size"`
 	NumGPUBlocks        int     `json:"num_gpu_blocks"`
 	EnablePrefixCaching bool    `json:"enable_prefix_caching"`
+	// MaxLoRAs and LoRALoadTime are the engine's adapter slots and load
+	// cost (--max-loras, --lora-load-time).
+	MaxLoRAs     int    `json:"max_loras"`
+	LoRALoadTime string `json:"lora_load_time"`
+	// Role is prefill, decode or prefill-decode ("" is prefill-decode);
+	// KVTransferTime is modelsim's --kv-transfer-time of a decode server.
+	Role           string `json:"role,omitempty"`
+	KVTransferTime string `json:"kv_transfer_time,omitempty"`
 }
 
 // groupOf is one server with engine e.
@@ -75,7 +90,20 @@ func groupOf(e engine.Config) FleetGroup {
 	return FleetGroup{Count: 1, MaxNumSeqs: e.MaxNumSeqs, MaxNumBatchedTokens: e.MaxNumBatchedTokens,
 		PrefillTokensPerSec: e.PrefillTokensPerSec, TimePerOutputToken: e.TimePerOutputToken.String(),
 		SchedulingPolicy: e.SchedulingPolicy, BlockSize: e.BlockSize, NumGPUBlocks: e.NumGPUBlocks,
-		EnablePrefixCaching: e.EnablePrefixCaching}
+		EnablePrefixCaching: e.EnablePrefixCaching, MaxLoRAs: e.MaxLoRAs, LoRALoadTime: e.LoRALoadTime.String()}
+}
+
+// groupOfServer is one server s as a group, role and KV transfer time
+// included.
+func groupOfServer(s Server) FleetGroup {
+	g := groupOf(s.Engine)
+	if s.Role != sched.RolePrefillDecode {
+		g.Role = s.Role.String()
+	}
+	if s.KVTransferTime > 0 {
+		g.KVTransferTime = s.KVTransferTime.String()
+	}
+	return g
 }
 
 // engine returns the group's engine: base with the group's settings.
@@ -89,7 +117,36 @@ func (g *FleetGroup) engine(base engine.Config) (engine.Config, error) {
 		return cfg, fmt.Errorf("time_per_output_token: %w", err)
 	}
 	cfg.TimePerOutputToken = d
+	cfg.MaxLoRAs = g.MaxLoRAs
+	if cfg.LoRALoadTime, err = time.ParseDuration(g.LoRALoadTime); err != nil {
+		return cfg, fmt.Errorf("lora_load_time: %w", err)
+	}
 	return cfg, cfg.Validate()
+}
+
+// server returns the group's server at addr: its engine from base, and
+// its role and KV transfer time (base's when the group names none).
+func (g *FleetGroup) server(addr string, base Server) (Server, error) {
+	cfg, err := g.engine(base.Engine)
+	if err != nil {
+		return Server{}, err
+	}
+	s := Server{Addr: addr, Engine: cfg, Role: base.Role, KVTransferTime: base.KVTransferTime}
+	if g.Role != "" {
+		r, err := sched.ParseRole(g.Role)
+		if err != nil {
+			return Server{}, fmt.Errorf("role: %w", err)
+		}
+		s.Role = r
+	}
+	if g.KVTransferTime != "" {
+		d, err := time.ParseDuration(g.KVTransferTime)
+		if err != nil || d < 0 {
+			return Server{}, fmt.Errorf("kv_transfer_time %q: want a duration >= 0", g.KVTransferTime)
+		}
+		s.KVTransferTime = d
+	}
+	return s, nil
 }
 
 // LoadFleet reads a fleet file (YAML or JSON):
@@ -100,9 +157,22 @@ func (g *FleetGroup) engine(base engine.Config) (engine.Config, error) {
 //	  - count: 2                       # unset ones take the flags' values
 //	    prefill_tokens_per_sec: 10000
 //	    time_per_output_token: 30ms
+//	  - count: 2                       # a disaggregated pool: prefill pods,
+//	    role: prefill                  # decode pods (decode, prefill-decode);
+//	  - count: 2                       # kv_transfer_time is a decode pod's
+//	    role: decode                   # wait for a prefilled KV cache
+//	    kv_transfer_time: 20ms
+//	    max_loras: 2                   # adapter slots and their load cost
+//	    lora_load_time: 200ms
 //
 // Unknown keys are an error.
 func LoadFleet(path string, base engine.Config) (*Fleet, error) {
+	return LoadFleetWith(path, Server{Engine: base})
+}
+
+// LoadFleetWith is LoadFleet with the defaults of a whole server (role
+// and KV transfer time besides the engine).
+func LoadFleetWith(path string, base Server) (*Fleet, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read fleet file: %w", err)
@@ -118,11 +188,11 @@ func LoadFleet(path string, base engine.Config) (*Fleet, error) {
 	for gi, raw := range ff.Servers {
 		// The group's keys land on the flags' values: what it leaves out
 		// (or sets to null) keeps them.
-		g := groupOf(base)
+		g := groupOf(base.Engine)
 		if err := yaml.UnmarshalStrict(raw, &g); err != nil {
 			return nil, fmt.Errorf("fleet file %s: group %d: %w", path, gi+1, err)
 		}
-		cfg, err := g.engine(base)
+		proto, err := g.server("", base)
 		if err != nil {
 			return nil, fmt.Errorf("fleet file %s: group %d: %w", path, gi+1, err)
 		}
@@ -133,7 +203,9 @@ func LoadFleet(path string, base engine.Config) (*Fleet, error) {
 			if len(f.Servers) == maxServers {
 				return nil, errors.New("fleet file " + path + ": more than " + strconv.Itoa(maxServers) + " servers")
 			}
-			f.Servers = append(f.Servers, Server{Addr: serverAddr(len(f.Servers)), Engine: cfg})
+			s := proto
+			s.Addr = serverAddr(len(f.Servers))
+			f.Servers = append(f.Servers, s)
 		}
 	}
 	return f, nil

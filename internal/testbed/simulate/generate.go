@@ -32,6 +32,9 @@ of key=value:
   prefix=N          the first N prompt tokens are shared within a group
   groups=N          prefix groups per stream, drawn uniformly (default 1)
   priority=P        soft priority hint (higher first); strict=S strict tier
+  adapter=NAME      the LoRA adapter every request's model names (default none)
+  adapters=N        spread the requests uniformly over N adapters NAME-1..NAME-N
+                    (NAME from adapter=, default lora)
 Streams are merged by arrival, ties interleaved (stream 1's first, stream 2's
 first, ...); the same --seed gives the same trace.
 Example: class=interactive,rate=20,prompt=100-400,output=~150,duration=10m;
@@ -85,6 +88,8 @@ type stream struct {
 	prefix, groups      int
 	priority            *int32
 	strict              uint32
+	adapter             string
+	adapters            int
 }
 
 func parseStream(i int, text string) (*stream, error) {
@@ -127,6 +132,13 @@ func parseStream(i int, text string) (*stream, error) {
 			}
 		case "tenants":
 			s.tenants, err = num()
+		case "adapter":
+			if !nameRE.MatchString(v) {
+				err = fmt.Errorf("want a name of [A-Za-z0-9_.-]")
+			}
+			s.adapter = v
+		case "adapters":
+			s.adapters, err = num()
 		case "arrival":
 			switch v {
 			case "poisson", "uniform", "bursty", "once":
@@ -260,6 +272,10 @@ func Generate(spec string, seed uint64) (*Trace, error) {
 				PromptTokens: s.prompt.draw(r), OutputTokens: s.output.draw(r), Strict: s.strict}
 			if s.tenants > 0 {
 				q.Tenant = tenantBase + "-" + strconv.Itoa(1+r.IntN(s.tenants))
+			}
+			q.Adapter = s.adapter
+			if s.adapters > 0 {
+				q.Adapter = cmp.Or(s.adapter, "lora") + "-" + strconv.Itoa(1+r.IntN(s.adapters))
 			}
 			if s.prefix > 0 {
 				q.PrefixGroup = label + "-g" + strconv.Itoa(1+r.IntN(s.groups))

@@ -9,6 +9,7 @@ const (
 	evScrape                // a server's metrics are scraped (idx: server)
 	evRetry                 // a request answered 429 is offered again (idx: request)
 	evDeadline              // a queued request's wait budget runs out
+	evTransfer              // a disaggregated request's KV cache reaches its decode server (idx: request)
 	evRestart               // a server restarts (idx: Options.Restarts index)
 )
 

@@ -17,7 +17,9 @@ import (
 // "first_token_ms", "end_ms", "status", "server", "cached_tokens"}, times
 // in virtual milliseconds (null when never reached), server the index of
 // the server that served it and cached_tokens its engine's prefix-cache
-// hit (null for none).
+// hit (null for none; for a disaggregated request, the prefill server's),
+// and for a disaggregated request "prefill_server", the server that
+// prefilled it.
 func WriteRequests(w io.Writer, t *Trace, res *Result) error {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	quoted := map[string][]byte{}
@@ -71,6 +73,10 @@ func WriteRequests(w io.Writer, t *Trace, res *Result) error {
 		} else {
 			b = append(b, "null"...)
 		}
+		if o.Prefill >= 0 {
+			b = append(b, `,"prefill_server":`...)
+			b = strconv.AppendInt(b, int64(o.Prefill), 10)
+		}
 		b = append(b, "}\n"...)
 		if _, err := bw.Write(b); err != nil {
 			return err
@@ -105,7 +111,7 @@ type FleetInfo struct {
 func fleetInfo(f *Fleet) FleetInfo {
 	fi := FleetInfo{Servers: len(f.Servers)}
 	for _, s := range f.Servers {
-		g := groupOf(s.Engine)
+		g := groupOfServer(s)
 		if n := len(fi.Groups); n > 0 {
 			last := fi.Groups[n-1]
 			last.Count = 1
@@ -156,7 +162,7 @@ func WriteOutputs(dir string, t *Trace, results []*Result, s *Summary) error {
 func WriteTable(w io.Writer, s *Summary) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	tenants := s.Trace.Tenants
-	head := "policy\tclass\trequests\t429\tTTFT p50/p90/p99 ms\tqueue wait p50/p90/p99 ms\tout tok/s\tuncached share\tfirst N\t"
+	head := "policy\tclass\trequests\t429\tTTFT p50/p90/p99 ms\tqueue wait p50/p90/p99 ms\tout tok/s\tuncached share\tfirst N\tITL p50/p99 ms\t"
 	if tenants {
 		head += "Jain (tenants)\t"
 	}
@@ -171,8 +177,8 @@ func WriteTable(w io.Writer, s *Summary) error {
 			if i > 0 {
 				name = ""
 			}
-			line := fmt.Sprintf("%s\t%s\t%d\t%d\t%s\t%s\t%.0f\t%.1f%%\t%d/%d\t", name, c.Class, c.Requests, c.Rejected429,
-				pct(c.TTFT), pct(c.QueueWait), c.OutputTokensPerSec, 100*c.UncachedShare, c.FirstN, p.FirstN)
+			line := fmt.Sprintf("%s\t%s\t%d\t%d\t%s\t%s\t%.0f\t%.1f%%\t%d/%d\t%s / %s\t", name, c.Class, c.Requests, c.Rejected429,
+				pct(c.TTFT), pct(c.QueueWait), c.OutputTokensPerSec, 100*c.UncachedShare, c.FirstN, p.FirstN, short(c.ITL.P50), short(c.ITL.P99))
 			if tenants {
 				if c.JainTenants != nil {
 					line += fmt.Sprintf("%.3f\t", *c.JainTenants)
@@ -194,6 +200,20 @@ func WriteTable(w io.Writer, s *Summary) error {
 		joinPolicies(s, func(p PolicySummary) string { return fmt.Sprintf("%.1fs", p.MakespanS) }),
 		joinPolicies(s, func(p PolicySummary) string { return fmt.Sprintf("%.1fs", p.WindowS) }),
 		strings.Join(sims, ", "))
+	if err != nil {
+		return err
+	}
+	pd, lora := false, false
+	for _, p := range s.Policies {
+		pd = pd || p.Disaggregated > 0
+		lora = lora || p.LoRALoads > 0
+	}
+	if pd {
+		_, err = fmt.Fprintf(w, "disaggregated requests %s\n", joinPolicies(s, func(p PolicySummary) string { return strconv.Itoa(p.Disaggregated) }))
+	}
+	if lora && err == nil {
+		_, err = fmt.Fprintf(w, "LoRA adapter loads %s\n", joinPolicies(s, func(p PolicySummary) string { return strconv.FormatUint(p.LoRALoads, 10) }))
+	}
 	return err
 }
 

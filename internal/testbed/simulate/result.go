@@ -12,7 +12,7 @@ func NewResult(t *Trace, p *Policy) *Result {
 		res.Classes = append(res.Classes, p.Compiled.Classes[i].Name)
 	}
 	for i := range res.Outcomes {
-		res.Outcomes[i] = Outcome{Leave: -1, Start: -1, First: -1, End: -1, Server: -1}
+		res.Outcomes[i] = Outcome{Leave: -1, Start: -1, First: -1, End: -1, Server: -1, Prefill: -1}
 	}
 	return res
 }

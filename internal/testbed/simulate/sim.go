@@ -32,6 +32,13 @@ type Options struct {
 	// Progress, when set, is called now and then with the requests that
 	// have ended (answered or finished) and the total.
 	Progress func(done, total int)
+	// DisaggregateAboveUncachedTokens is the pool's disaggregation
+	// threshold (the picker's --disaggregate-above-uncached-tokens), for a
+	// fleet with prefill servers.
+	DisaggregateAboveUncachedTokens uint64
+	// NoLoRAAffinity turns off the picker's LoRA tier (--lora-affinity
+	// false): the baseline adapter placement.
+	NoLoRAAffinity bool
 	// Restarts restart servers during the run.
 	Restarts []Restart
 }
@@ -61,8 +68,11 @@ type Outcome struct {
 	// Start is when its engine admitted it to a running slot; First and
 	// End are the first and last token.
 	Start, First, End int64
-	// Server is the index of the server that served it, -1 for none.
-	Server int32
+	// Server is the index of the server that served it (decoded it, for
+	// a disaggregated request), -1 for none; Prefill the server that
+	// prefilled a disaggregated request, -1 otherwise.
+	Server  int32
+	Prefill int32
 	// Cached is the cost snapshot's cached tokens (SPEC §1), EngineCached
 	// what the server's prefix cache actually held.
 	Cached, EngineCached uint32
@@ -92,6 +102,8 @@ type Result struct {
 	Wall      time.Duration
 	// Instants counts the distinct virtual times the run processed.
 	Instants int64
+	// LoRALoads counts the adapter loads of every server's engine.
+	LoRALoads uint64
 	// Thresholds is, per server, its auto threshold after each scrape
 	// (empty for a policy without auto classes).
 	Thresholds [][]ThresholdPoint
@@ -115,7 +127,24 @@ type slot struct {
 	grant   *sched.Grant
 	blocks  []uint64 // the ticket's hashes
 	eblocks []uint64 // the engine's, when its block size differs
+	// A disaggregated request is prefilled on one server (stage
+	// stagePrefill), waits for its KV cache (stageTransfer), then decodes
+	// on dec (stageDecode); any other request is stageWhole.
+	stage uint8
+	dec   int32
+	// decEpoch is the decode server's epoch when the grant named it: a
+	// restart of that server since fails the request (its sidecar held
+	// it) when the prefill ends or the KV cache arrives.
+	decEpoch uint32
 }
+
+// Stages of a slot's request.
+const (
+	stageWhole uint8 = iota
+	stagePrefill
+	stageTransfer
+	stageDecode
+)
 
 // server is one simulated server's state in a run.
 type server struct {
@@ -126,6 +155,10 @@ type server struct {
 	pending bool   // a wake event with gen is in the heap
 	wake    int64
 	touched bool
+	// epoch counts the server's restarts.
+	epoch uint32
+	// loraLoads are the adapter loads of the engines restarts replaced.
+	loraLoads uint64
 }
 
 // run is one policy's simulation.
@@ -140,9 +173,12 @@ type run struct {
 	res     *Result
 	h       eventHeap
 	free    []*slot
-	evs     []engine.Event
-	touched []*server
-	done    int
+	// transfers are the disaggregated requests whose KV cache is on its
+	// way to their decode server, by request.
+	transfers map[int32]*slot
+	evs       []engine.Event
+	touched   []*server
+	done      int
 	// deadline is the pending NextDeadline event's time (-1 none).
 	deadline int64
 }
@@ -171,11 +207,14 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 		Prefix: &sched.PrefixOptions{BlockSize: bs, Index: affinity.IndexOptions{
 			TTL: ttl, DefaultCapacity: capacity,
 		}},
+		DisaggregateAboveUncachedTokens: opts.DisaggregateAboveUncachedTokens,
+		DisableLoRAAffinity:             opts.NoLoRAAffinity,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", p.Name, err)
 	}
-	r := &run{trace: t, pol: p, opts: opts, core: core, byAddr: map[string]int32{}, classes: map[string]uint16{}, deadline: -1, h: newEventHeap()}
+	r := &run{trace: t, pol: p, opts: opts, core: core, byAddr: map[string]int32{}, classes: map[string]uint16{}, deadline: -1, h: newEventHeap(),
+		transfers: map[int32]*slot{}}
 	r.res = &Result{Policy: p, Trace: t, Outcomes: make([]Outcome, len(t.Requests))}
 	for i := range p.Compiled.Classes {
 		name := core.ClassName(i)
@@ -183,7 +222,7 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 		r.res.Classes = append(r.res.Classes, name)
 	}
 	for i := range r.res.Outcomes {
-		r.res.Outcomes[i] = Outcome{Leave: -1, Start: -1, First: -1, End: -1, Server: -1}
+		r.res.Outcomes[i] = Outcome{Leave: -1, Start: -1, First: -1, End: -1, Server: -1, Prefill: -1}
 	}
 	var eps []sched.Endpoint
 	for i, s := range f.Servers {
@@ -196,7 +235,7 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 		}
 		r.servers = append(r.servers, &server{Server: s, idx: int32(i), eng: eng})
 		r.byAddr[s.Addr] = int32(i)
-		eps = append(eps, sched.Endpoint{Addr: s.Addr, MaxBatchedTokens: uint64(s.Engine.MaxNumBatchedTokens)})
+		eps = append(eps, sched.Endpoint{Addr: s.Addr, MaxBatchedTokens: uint64(s.Engine.MaxNumBatchedTokens), Role: s.Role})
 	}
 	t0 := t.Requests[t.byArrival[0]].Arrival
 	core.SetEndpoints(t0, eps)
@@ -220,6 +259,9 @@ func Run(t *Trace, f *Fleet, p *Policy, opts Options) (*Result, error) {
 		r.h.push(event{at: t0 + int64(rs.After), kind: evRestart, idx: int32(i)})
 	}
 	r.loop()
+	for _, s := range r.servers {
+		r.res.LoRALoads += s.loraLoads + s.eng.Stats().LoRALoads
+	}
 	r.res.Wall = time.Since(start)
 	return r.res, nil
 }
@@ -287,6 +329,8 @@ func (r *run) loop() {
 				r.admit(t, ev.idx)
 			case evDeadline:
 				r.deadline = -1 // the Drain below sheds what expired
+			case evTransfer:
+				r.decode(t, ev.idx)
 			case evRestart:
 				r.restart(t, r.opts.Restarts[ev.idx])
 			}
@@ -348,7 +392,9 @@ func (r *run) admit(t int64, i int32) {
 	}
 	sl.idx = i
 	sl.grant = nil
+	sl.stage = stageWhole
 	sl.ticket = sched.Ticket{
+		Model:       q.Adapter,
 		ClassHeader: q.Class,
 		RawISL:      uint64(q.PromptTokens),
 		Priority:    q.Priority,
@@ -394,31 +440,63 @@ func (r *run) handleLeaves(t int64, leaves []sched.Leave) {
 		}
 		sl.grant = l.Grant
 		si := r.byAddr[l.Grant.Endpoints[0]]
-		s := r.servers[si]
 		o.Server = si
 		o.Cached = uint32(min(sl.ticket.Cached, math.MaxUint32))
 		q := &r.trace.Requests[sl.idx]
-		var hashes []uint64
-		if r.trace.cacheable && s.Engine.EnablePrefixCaching {
-			if s.Engine.BlockSize == sl.ticket.BlockSize {
-				hashes = sl.blocks
-			} else {
-				sl.eblocks = q.appendHashes(sl.eblocks[:0], s.Engine.BlockSize, uint64(sl.idx))
-				hashes = sl.eblocks
-			}
+		if p := l.Grant.Prefiller(); p != "" {
+			// Disaggregated: the decode server's sidecar prefills on the
+			// prefill server with max_tokens 1 first (decode, below).
+			pi := r.byAddr[p]
+			o.Prefill = pi
+			sl.stage, sl.dec, sl.decEpoch = stagePrefill, si, r.servers[si].epoch
+			r.submit(t, sl, r.servers[pi], q, l.Grant, engine.Request{MaxTokens: 1})
+			continue
 		}
-		prio := 0
-		if s.Engine.SchedulingPolicy == engine.PolicyPriority && q.HasPriority {
-			if v, ok := policy.ForwardPriority(l.Grant.Engine, q.Priority); ok {
-				prio = int(v)
-			}
-		}
-		if _, err := s.eng.Submit(t, engine.Request{PromptTokens: q.PromptTokens, Hashes: hashes,
-			MaxTokens: q.OutputTokens, Priority: prio, Data: sl}); err != nil {
-			panic(fmt.Sprintf("simulate: request %d: %v (checkFits lets no such request through)", sl.idx, err))
-		}
-		r.touch(s)
+		r.submit(t, sl, r.servers[si], q, l.Grant, engine.Request{MaxTokens: q.OutputTokens})
 	}
+}
+
+// submit hands request q (its slot sl) to server s's engine at t, with
+// the prompt, its hashes for that engine and its forwarded priority
+// filled into req.
+func (r *run) submit(t int64, sl *slot, s *server, q *Request, g *sched.Grant, req engine.Request) {
+	if r.trace.cacheable && s.Engine.EnablePrefixCaching {
+		if s.Engine.BlockSize == sl.ticket.BlockSize {
+			req.Hashes = sl.blocks
+		} else {
+			sl.eblocks = q.appendHashes(sl.eblocks[:0], s.Engine.BlockSize, uint64(sl.idx))
+			req.Hashes = sl.eblocks
+		}
+	}
+	if s.Engine.SchedulingPolicy == engine.PolicyPriority && q.HasPriority {
+		if v, ok := policy.ForwardPriority(g.Engine, q.Priority); ok {
+			req.Priority = int(v)
+		}
+	}
+	req.PromptTokens, req.LoRA, req.Data = q.PromptTokens, q.Adapter, sl
+	if _, err := s.eng.Submit(t, req); err != nil {
+		panic(fmt.Sprintf("simulate: request %d: %v (checkFits lets no such request through)", sl.idx, err))
+	}
+	r.touch(s)
+}
+
+// decode is a disaggregated request's KV cache reaching its decode server
+// at t: the server decodes it with the whole prompt counted as cached.
+func (r *run) decode(t int64, i int32) {
+	sl := r.transfers[i]
+	delete(r.transfers, i)
+	s := r.servers[sl.dec]
+	if s.epoch != sl.decEpoch {
+		r.fail(sl) // the decode server restarted while the KV cache travelled
+		return
+	}
+	// The server's step may end at t too: complete it before the Submit,
+	// as at every instant.
+	r.evs = s.eng.Advance(t, r.evs[:0])
+	r.engineEvents(t)
+	sl.stage = stageDecode
+	q := &r.trace.Requests[i]
+	r.submit(t, sl, s, q, sl.grant, engine.Request{MaxTokens: q.OutputTokens, TransferredTokens: q.PromptTokens})
 }
 
 // engineEvents applies the events in r.evs: first tokens and ends release
@@ -427,6 +505,13 @@ func (r *run) engineEvents(t int64) {
 	for _, ev := range r.evs {
 		sl := ev.Seq.Data.(*slot)
 		o := &r.res.Outcomes[sl.idx]
+		if sl.stage == stagePrefill {
+			r.prefillEvent(ev, sl, o)
+			continue
+		}
+		if sl.stage == stageDecode && ev.Kind == engine.Started {
+			continue // the prefill server's start and cache hit stand
+		}
 		c0 := time.Now()
 		switch ev.Kind {
 		case engine.Started:
@@ -448,6 +533,26 @@ func (r *run) engineEvents(t int64) {
 	}
 }
 
+// prefillEvent is an engine event of a disaggregated request on its
+// prefill server: its start and cache hit are the request's; its end
+// sends the KV cache on its way to the decode server, which has it after
+// that server's KV transfer time.
+func (r *run) prefillEvent(ev engine.Event, sl *slot, o *Outcome) {
+	switch ev.Kind {
+	case engine.Started:
+		o.Start = ev.At
+		o.EngineCached = uint32(ev.Seq.CachedTokens)
+	case engine.Done:
+		if r.servers[sl.dec].epoch != sl.decEpoch {
+			r.fail(sl) // the decode server restarted during the prefill
+			return
+		}
+		sl.stage = stageTransfer
+		r.transfers[sl.idx] = sl
+		r.h.push(event{at: ev.At + int64(r.servers[sl.dec].KVTransferTime), kind: evTransfer, idx: sl.idx})
+	}
+}
+
 // scrape hands the core one server's engine metrics, as a scrape would
 // read them from modelsim's /metrics page.
 func (r *run) scrape(now int64, s *server) {
@@ -456,6 +561,12 @@ func (r *run) scrape(now int64, s *server) {
 		Known:   podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks | podmetrics.PromptTokens,
 		Waiting: st.Waiting, Running: st.Running, KVCacheUsage: st.KVUsage(),
 		BlockSize: s.Engine.BlockSize, NumBlocks: s.Engine.NumGPUBlocks, PromptTokens: float64(st.PromptTokens),
+	}
+	if s.Engine.MaxLoRAs > 0 {
+		// modelsim exposes vllm:lora_requests_info only with --max-loras.
+		m.Known |= podmetrics.LoRA
+		m.LoRA.Running, m.LoRA.Waiting = s.eng.AdapterNames()
+		m.LoRA.MaxLoRA = s.Engine.MaxLoRAs
 	}
 	c0 := time.Now()
 	r.core.SetMetrics(now, s.Addr, m, false)
@@ -469,21 +580,19 @@ func (r *run) scrape(now int64, s *server) {
 }
 
 // restart replaces a server's engine at t (Options.Restarts): what the old
-// one held fails with 503, and the picker gets the new step budget.
+// one held fails with 503, and the picker gets the new step budget. The
+// disaggregated requests it was the decode server of, still prefilling
+// elsewhere or in transfer, fail when they would reach it (decEpoch).
 func (r *run) restart(t int64, rs Restart) {
 	s := r.servers[rs.Server]
 	var held []*engine.Seq
 	s.eng.Running(func(q *engine.Seq) { held = append(held, q) })
 	s.eng.Waiting(func(q *engine.Seq) { held = append(held, q) })
 	for _, q := range held {
-		sl := q.Data.(*slot)
-		o := &r.res.Outcomes[sl.idx]
-		o.Status = 503
-		r.core.Release(sl.grant, sched.EventDone)
-		sl.grant = nil
-		r.free = append(r.free, sl)
-		r.done++
+		r.fail(q.Data.(*slot))
 	}
+	s.loraLoads += s.eng.Stats().LoRALoads
+	s.epoch++
 	cfg := rs.Engine
 	cfg.Coalesce, cfg.MaxLag = true, 0
 	eng, err := engine.New(cfg)
@@ -495,8 +604,17 @@ func (r *run) restart(t int64, rs Restart) {
 	s.pending = false
 	eps := make([]sched.Endpoint, 0, len(r.servers))
 	for _, x := range r.servers {
-		eps = append(eps, sched.Endpoint{Addr: x.Addr, MaxBatchedTokens: uint64(x.Engine.MaxNumBatchedTokens)})
+		eps = append(eps, sched.Endpoint{Addr: x.Addr, MaxBatchedTokens: uint64(x.Engine.MaxNumBatchedTokens), Role: x.Role})
 	}
 	r.core.SetEndpoints(t, eps)
 	r.touch(s)
+}
+
+// fail ends a granted request with 503 (its server restarted).
+func (r *run) fail(sl *slot) {
+	r.res.Outcomes[sl.idx].Status = 503
+	r.core.Release(sl.grant, sched.EventDone)
+	sl.grant = nil
+	r.free = append(r.free, sl)
+	r.done++
 }

@@ -42,6 +42,12 @@ type Config struct {
 	PrefixCacheTTL time.Duration
 	// NoPlots skips the figures.
 	NoPlots bool
+	// DisaggregateAboveUncachedTokens, LoRAAffinity: the picker's flags of
+	// those names (see Options). KVTransferTime is the decode servers'
+	// default in a fleet file.
+	DisaggregateAboveUncachedTokens uint64
+	LoRAAffinity                    bool
+	KVTransferTime                  time.Duration
 }
 
 // DefaultConfig returns the defaults of the flags.
@@ -54,8 +60,15 @@ func DefaultConfig() Config {
 		Out:            "simulate-out",
 		RetryDelay:     time.Second,
 		PrefixCacheTTL: DefaultPrefixCacheTTL,
+
+		DisaggregateAboveUncachedTokens: DefaultDisaggregateAboveUncachedTokens,
+		LoRAAffinity:                    true,
 	}
 }
+
+// DefaultDisaggregateAboveUncachedTokens is the picker's
+// --disaggregate-above-uncached-tokens default.
+const DefaultDisaggregateAboveUncachedTokens = 256
 
 // AddFlags binds c to fs. The engine flags have cmd/modelsim's names and
 // defaults; the picker sees each server's --max-num-batched-tokens.
@@ -77,6 +90,10 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.RetryDelay, "retry-delay", c.RetryDelay, "wait before offering a 429'd request again")
 	fs.DurationVar(&c.PrefixCacheTTL, "prefix-cache-ttl", c.PrefixCacheTTL, "the picker's prefix index ages entries this long after their last use (0: by capacity only)")
 	fs.BoolVar(&c.NoPlots, "no-plots", c.NoPlots, "skip the PNG and SVG figures")
+	fs.IntVar(&c.Engine.MaxLoRAs, "max-loras", c.Engine.MaxLoRAs, "LoRA adapters resident at once in each server (0: no bound, and no adapter metrics for the picker)")
+	fs.DurationVar(&c.KVTransferTime, "kv-transfer-time", c.KVTransferTime, "a fleet file's decode servers' wait for a disaggregated request's KV cache, unless a group sets kv_transfer_time")
+	fs.Uint64Var(&c.DisaggregateAboveUncachedTokens, "disaggregate-above-uncached-tokens", c.DisaggregateAboveUncachedTokens, "in a fleet with prefill servers (role: prefill), disaggregate requests whose uncached prompt tokens are above this (the picker's flag)")
+	fs.BoolVar(&c.LoRAAffinity, "lora-affinity", c.LoRAAffinity, "rank servers where a request's LoRA adapter runs first (the picker's flag; needs --scrape-interval for the adapter metrics)")
 }
 
 // Setup is an invocation's inputs, read and checked.
@@ -109,7 +126,7 @@ func (c *Config) Load() (*Setup, error) {
 		return nil, err
 	}
 	if c.Fleet != "" {
-		s.Fleet, err = LoadFleet(c.Fleet, c.Engine)
+		s.Fleet, err = LoadFleetWith(c.Fleet, Server{Engine: c.Engine, KVTransferTime: c.KVTransferTime})
 	} else {
 		s.Fleet, err = NewFleet(c.Servers, c.Engine)
 	}
@@ -125,7 +142,8 @@ func (c *Config) Load() (*Setup, error) {
 // Options are the run options of c.
 func (c *Config) Options() Options {
 	return Options{Seed: c.Seed, ScrapeInterval: c.ScrapeInterval, Retries: c.Retries, RetryDelay: c.RetryDelay,
-		PrefixCacheTTL: c.PrefixCacheTTL}
+		PrefixCacheTTL: c.PrefixCacheTTL, DisaggregateAboveUncachedTokens: c.DisaggregateAboveUncachedTokens,
+		NoLoRAAffinity: !c.LoRAAffinity}
 }
 
 // RunAll simulates every policy of s and summarizes them; progressTo, when

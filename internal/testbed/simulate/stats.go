@@ -45,6 +45,9 @@ type ClassSummary struct {
 	TTFT      Percentiles `json:"ttft_ms"`
 	QueueWait Percentiles `json:"queue_wait_ms"`
 	Latency   Percentiles `json:"latency_ms"`
+	// ITL is the inter-token latency, first to last token over the
+	// tokens after the first, of completed requests of two tokens or more.
+	ITL Percentiles `json:"itl_ms"`
 	// OutputTokens of completed requests; per second of the makespan.
 	OutputTokens       int64   `json:"output_tokens"`
 	OutputTokensPerSec float64 `json:"output_tokens_per_s"`
@@ -105,7 +108,11 @@ type PolicySummary struct {
 	FirstN int `json:"first_n"`
 	// PrefixHitRate is the engines' cached prompt tokens over all prompt
 	// tokens served.
-	PrefixHitRate float64         `json:"prefix_hit_rate"`
+	PrefixHitRate float64 `json:"prefix_hit_rate"`
+	// Disaggregated counts the requests prefilled on a prefill server and
+	// decoded on another; LoRALoads the adapter loads of every engine.
+	Disaggregated int             `json:"disaggregated"`
+	LoRALoads     uint64          `json:"lora_loads"`
 	Tenants       []TenantSummary `json:"tenants,omitempty"`
 	Sim           SimFigures      `json:"sim"`
 }
@@ -132,7 +139,11 @@ func Summarize(t *Trace, res *Result) PolicySummary {
 			prompt += int64(q.PromptTokens)
 			cached += int64(o.EngineCached)
 		}
+		if o.Prefill >= 0 {
+			ps.Disaggregated++
+		}
 	}
+	ps.LoRALoads = res.LoRALoads
 	ps.Classes, ps.Total = finishClasses(classes, tl.makespan)
 	if prompt > 0 {
 		ps.PrefixHitRate = float64(cached) / float64(prompt)
@@ -191,8 +202,8 @@ type requestFigures struct {
 // classAcc accumulates one class's (or the total's) figures.
 type classAcc struct {
 	ClassSummary
-	ttft, wait, lat []int64
-	tenants         map[string]int64 // window uncached tokens per tenant
+	ttft, wait, lat, itl []int64
+	tenants              map[string]int64 // window uncached tokens per tenant
 }
 
 // newClassAccs returns an accumulator per class, and the total's last.
@@ -231,6 +242,9 @@ func (a *classAcc) add(o *Outcome, q *Request, r requestFigures) {
 		a.ttft = append(a.ttft, o.First-q.Arrival)
 		a.wait = append(a.wait, o.Leave-q.Arrival)
 		a.lat = append(a.lat, o.End-q.Arrival)
+		if q.OutputTokens > 1 {
+			a.itl = append(a.itl, (o.End-o.First)/int64(q.OutputTokens-1))
+		}
 		a.OutputTokens += int64(q.OutputTokens)
 		if r.inFirstN {
 			a.FirstN++
@@ -249,6 +263,7 @@ func finishClasses(classes []*classAcc, makespan float64) ([]ClassSummary, Class
 	total := classes[len(classes)-1]
 	for i, a := range classes {
 		a.TTFT, a.QueueWait, a.Latency = percentiles(a.ttft), percentiles(a.wait), percentiles(a.lat)
+		a.ITL = percentiles(a.itl)
 		if makespan > 0 {
 			a.OutputTokensPerSec = float64(a.OutputTokens) / makespan
 		}

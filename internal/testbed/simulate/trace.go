@@ -45,6 +45,9 @@ type Request struct {
 	Priority    int32
 	HasPriority bool
 	Strict      uint32
+	// Adapter is the LoRA adapter the request's model names ("" = the
+	// base model).
+	Adapter string
 
 	tokens []uint32 // a text prompt's token ids
 	// hashIDs are a Mooncake line's block ids, one per idBlock tokens
@@ -155,13 +158,14 @@ type jsonlLine struct {
 	PrefixTokens   int      `json:"prefix_tokens"`
 	Priority       *int32   `json:"priority"`
 	StrictPriority uint32   `json:"strict_priority"`
+	Adapter        string   `json:"adapter"`
 }
 
 // ReadJSONL reads a Laneway JSONL trace: one JSON object per line with
 // arrival_ms and prompt_tokens (or prompt, a text whose tokens are
 // estimated by pkg/tokenize), and optionally class, tenant,
-// output_tokens (default 16), prefix_group, prefix_tokens, priority and
-// strict_priority. Unknown fields are an error; blank lines are skipped.
+// output_tokens (default 16), prefix_group, prefix_tokens, priority,
+// strict_priority and adapter (the LoRA adapter the model names). Unknown fields are an error; blank lines are skipped.
 func ReadJSONL(r io.Reader, name string) (*Trace, error) {
 	t := &Trace{Source: name}
 	sc := bufio.NewScanner(r)
@@ -201,7 +205,7 @@ func (l *jsonlLine) request() (Request, error) {
 		return r, fmt.Errorf("arrival_ms %v: want a finite number >= 0", *l.ArrivalMS)
 	}
 	r.Arrival = int64(math.Round(*l.ArrivalMS * 1e6))
-	r.Class, r.Tenant = l.Class, l.Tenant
+	r.Class, r.Tenant, r.Adapter = l.Class, l.Tenant, l.Adapter
 	switch {
 	case l.Prompt != nil:
 		r.tokens = tokenize.Tokenize(nil, *l.Prompt)

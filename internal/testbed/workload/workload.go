@@ -47,6 +47,10 @@ type Spec struct {
 	// example one tenant each), released together and interleaved one
 	// request of each group in turn while it has any left.
 	Mix []Group
+	// RequestIDHeader, when set, names a header carrying each request's
+	// own id ("<label>-<n>", n from 0 within its group), which
+	// Completion.ID repeats: a test can then match what servers recorded.
+	RequestIDHeader string
 }
 
 // Group is one part of a Mix. Completion.Class is its Label.
@@ -60,7 +64,9 @@ type Group struct {
 
 // Completion is one finished request.
 type Completion struct {
-	Class  string
+	Class string
+	// ID is the request's id when Spec.RequestIDHeader is set.
+	ID     string
 	Status int
 	// At is the time from the start of the run to the end of the response.
 	At time.Duration
@@ -99,6 +105,7 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 	type job struct {
 		g    *Group
 		body []byte
+		id   string
 		url  string
 	}
 	stride := 0 // the longest prompt: prompts start stride token ids apart
@@ -114,7 +121,7 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 				return nil, fmt.Errorf("workload: group %q needs PromptTokens > 0", g.Label)
 			}
 			if i < g.Count {
-				jobs = append(jobs, job{g, promptBodyAt(s.Model, s.Seed, len(jobs)*stride, g.PromptTokens), s.urlOf(i)})
+				jobs = append(jobs, job{g, promptBodyAt(s.Model, s.Seed, len(jobs)*stride, g.PromptTokens), g.Label + "-" + strconv.Itoa(i), s.urlOf(i)})
 				added = true
 			}
 		}
@@ -135,7 +142,7 @@ func Run(ctx context.Context, s Spec) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			<-gate
-			c := send(ctx, client, j.url, s, j.g, j.body)
+			c := send(ctx, client, j.url, s, j.g, j.body, j.id)
 			c.At = time.Since(start)
 			mu.Lock()
 			res.Completions = append(res.Completions, c)
@@ -186,8 +193,11 @@ func (s *Spec) urlOf(i int) string {
 	return s.URLs[i%len(s.URLs)]
 }
 
-func send(ctx context.Context, client *http.Client, url string, s Spec, g *Group, body []byte) Completion {
+func send(ctx context.Context, client *http.Client, url string, s Spec, g *Group, body []byte, id string) Completion {
 	c := Completion{Class: g.Label}
+	if s.RequestIDHeader != "" {
+		c.ID = id
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		c.Err = err
@@ -196,6 +206,9 @@ func send(ctx context.Context, client *http.Client, url string, s Spec, g *Group
 	req.Header.Set("content-type", "application/json")
 	for k, v := range g.Headers {
 		req.Header.Set(k, v)
+	}
+	if c.ID != "" {
+		req.Header.Set(s.RequestIDHeader, c.ID)
 	}
 	resp, err := client.Do(req)
 	if err != nil {

@@ -78,13 +78,25 @@ func TestBenchQuality(t *testing.T) {
 		}
 	})
 	runTraces(t, w, out)
+	t.Run("lora", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		f, err := RunLoRA(ctx, launch.InDir(binDir(t)), filepath.Join(out, "lora"), LoRARequests)
+		if err != nil {
+			t.Fatal(err)
+		}
+		WriteLoRA(w, f)
+		for _, m := range f.Misses() {
+			t.Error(m)
+		}
+	})
 	// The auto threshold through the real processes agrees with its
 	// simulation on throughput (issue 26): judged, as throughput depends
 	// on the engines' timing model, not on this machine's speed.
 	t.Run("auto both ways", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		f, err := RunTwoWayPolicy(ctx, benchBins(t), filepath.Join(out, "auto-both-ways"), AutoTwoClassPolicy)
+		f, err := RunTwoWayPolicy(ctx, binDir(t), filepath.Join(out, "auto-both-ways"), AutoTwoClassPolicy)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +108,7 @@ func TestBenchQuality(t *testing.T) {
 		}
 	})
 	t.Run("both ways", func(t *testing.T) {
-		bins := benchBins(t)
+		bins := binDir(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		f, err := RunTwoWay(ctx, bins, filepath.Join(out, "both-ways"))
@@ -110,17 +122,4 @@ func TestBenchQuality(t *testing.T) {
 			io.WriteString(w, "  inside the quiet-machine bands (TTFT p50 ±20%, shares ±5 points)\n")
 		}
 	})
-}
-
-// benchBins is LANEWAY_BIN, or a folder with modelsim, epp and gateway
-// built for the test.
-func benchBins(t *testing.T) string {
-	if bins := os.Getenv("LANEWAY_BIN"); bins != "" {
-		return bins
-	}
-	dir := t.TempDir()
-	if _, err := launch.Build(dir, false, launch.CmdModelsim, launch.CmdEpp, launch.CmdGateway); err != nil {
-		t.Fatal(err)
-	}
-	return dir
 }
