@@ -127,7 +127,7 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 	}
 	f.procs = append(f.procs, gw.Proc)
 	f.URL = gw.URL
-	if err := awaitScraped(ctx, epp.Metrics, len(f.Servers)); err != nil {
+	if err := AwaitScraped(ctx, epp.Metrics, len(f.Servers)); err != nil {
 		return nil, err
 	}
 	return f, nil
@@ -207,10 +207,12 @@ func (f *Fleet) Stop() error {
 	return errors.Join(errs...)
 }
 
-// awaitScraped polls the picker's metrics until n endpoints report fresh
+// AwaitScraped polls the picker's metrics until n endpoints report fresh
 // metrics (laneway_endpoint_metrics_stale 0 on each), for at most a
-// minute.
-func awaitScraped(ctx context.Context, page launch.Page, n int) error {
+// minute: a real picker avoids an endpoint it has not scraped yet, which
+// a simulated one never does, so a run compared with a simulation starts
+// after it.
+func AwaitScraped(ctx context.Context, page launch.Page, n int) error {
 	const series = "laneway_endpoint_metrics_stale"
 	deadline := time.Now().Add(time.Minute)
 	for {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/replay"
 )
 
 // The LoRA scenario (issue 24): 8 adapters over 4 modelsim servers that
@@ -171,7 +172,7 @@ func runLoRA(ctx context.Context, bins launch.Binaries, dir string, reqs []loraR
 		return run, err
 	}
 	procs = append(procs, gw.Proc)
-	if err := awaitScraped(ctx, epp.Metrics, len(addrs)); err != nil {
+	if err := replay.AwaitScraped(ctx, epp.Metrics, len(addrs)); err != nil {
 		return run, err
 	}
 	run.OK, run.MakespanS, err = closedLoop(ctx, gw.URL+"/v1/completions", reqs, loraClients)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
+	"github.com/laneway-dev/laneway/internal/testbed/replay"
 	"github.com/laneway-dev/laneway/internal/testbed/simulate"
 	"github.com/laneway-dev/laneway/pkg/engine"
 )
@@ -261,75 +262,28 @@ type realOutcome struct {
 // suites and the demo), replays the trace open loop through the gateway,
 // and stops everything, leaving each process's log in dir.
 func runReal(ctx context.Context, binDir, dir string, t *simulate.Trace, ec engine.Config, policyFile string) (_ []realOutcome, err error) {
-	const simIP = "127.0.0.2"
-	bins := launch.InDir(binDir)
-	var procs []*launch.Proc
+	fl, err := simulate.NewFleet(twoWayServers, ec)
+	if err != nil {
+		return nil, err
+	}
+	f, err := replay.StartFleet(ctx, replay.FleetOptions{Bins: launch.InDir(binDir), Fleet: fl, Host: "127.0.0.2",
+		Policy: policyFile, LogDir: dir})
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
-		for i := len(procs) - 1; i >= 0; i-- {
-			if serr := procs[i].Stop(10 * time.Second); serr != nil && err == nil {
-				err = fmt.Errorf("%s: %w\n%s", procs[i].Name, serr, procs[i].Log.Tail(2000))
-			}
-			_ = os.WriteFile(filepath.Join(dir, strings.ReplaceAll(procs[i].Name, ":", "_")+".log"), []byte(procs[i].Log.String()), 0o644)
+		if serr := f.Stop(); serr != nil && err == nil {
+			err = serr
 		}
 	}()
-	proc := func(name string) launch.ProcOptions { return launch.ProcOptions{Name: name, LogLimit: 1 << 20} }
-	var addrs []string
-	for i := range twoWayServers {
-		s, err := bins.StartSim(ctx, launch.SimOptions{Host: simIP, Args: ec.Args(), Proc: proc(fmt.Sprintf("modelsim-%d", i))})
-		if err != nil {
-			return nil, err
-		}
-		procs = append(procs, s.Proc)
-		addrs = append(addrs, s.Addr)
-	}
-	epp, err := bins.StartEPP(ctx, launch.EPPOptions{Endpoints: addrs, Policy: policyFile,
-		Args: []string{"--max-num-batched-tokens=" + strconv.Itoa(ec.MaxNumBatchedTokens)}, Proc: proc("epp")})
-	if err != nil {
-		return nil, err
-	}
-	procs = append(procs, epp.Proc)
-	gw, err := bins.StartGateway(ctx, launch.GatewayOptions{EPP: epp, Proc: proc("gateway")})
-	if err != nil {
-		return nil, err
-	}
-	procs = append(procs, gw.Proc)
-	// The picker avoids an endpoint it has not scraped yet: start once it
-	// has a good scrape of every server, as the simulated picker has.
-	if err := awaitScraped(ctx, epp.Metrics, len(addrs)); err != nil {
-		return nil, err
-	}
-	return replay(ctx, gw.URL+"/v1/completions", t)
-}
-
-// awaitScraped polls the picker's metrics until n endpoints report fresh
-// metrics (laneway_endpoint_metrics_stale 0 on each), for at most a
-// minute.
-func awaitScraped(ctx context.Context, page launch.Page, n int) error {
-	const series = "laneway_endpoint_metrics_stale"
-	deadline := time.Now().Add(time.Minute)
-	for {
-		m, err := page.Scrape(ctx)
-		if err == nil {
-			if stale, _ := m.Sum(series); stale == 0 && len(m.LabelValues(series, "endpoint")) == n {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the picker has no fresh metrics of all %d servers after a minute (last scrape error: %v)", n, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return sendTrace(ctx, f.URL+"/v1/completions", t)
 }
 
 // replay sends the trace open loop: each request at its arrival time
 // (measured from the start, whether or not earlier ones have finished),
 // streaming, with a token-id prompt of exactly its length, distinct from
 // every other. It returns what each request saw.
-func replay(ctx context.Context, url string, t *simulate.Trace) ([]realOutcome, error) {
+func sendTrace(ctx context.Context, url string, t *simulate.Trace) ([]realOutcome, error) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, DisableCompression: true}, Timeout: 10 * time.Minute}
 	bodies := make([][]byte, len(t.Requests))
 	order := make([]int, len(t.Requests))
