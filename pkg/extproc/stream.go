@@ -687,13 +687,15 @@ func (st *stream) bodyTimedOut() {
 		Error   string             `json:"error"`
 		Details bodyTimeoutDetails `json:"details"`
 	}{msg, bodyTimeoutDetails{LimitKind: OutcomeBodyTimeout, LimitSeconds: d.Seconds(), ReceivedBytes: received, AnnouncedBytes: int64(st.bodyHint)}}) // cannot fail
+	// Give the budget back before the answer leaves: once the gateway has
+	// the 408 it may send the next request, which must find it there.
+	st.releaseBody()
+	st.releaseHeaders()
+	st.req.Headers = nil
 	if err := st.send(immediateResponse(http.StatusRequestTimeout, OutcomeBodyTimeout, body, msg, 0)); err == nil {
 		st.answered = true
 		st.outcome = OutcomeBodyTimeout
 	}
-	st.releaseBody()
-	st.releaseHeaders()
-	st.req.Headers = nil
 	st.s.log.V(4).Info("request body timed out", "received", received, "announced", st.bodyHint)
 }
 

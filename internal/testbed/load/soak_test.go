@@ -19,7 +19,14 @@ import (
 // every request exactly once, runs its actions and samples on their
 // schedules, and finds the picker's goroutines back where they were.
 func TestSoakAgainstPicker(t *testing.T) {
-	p, _ := startPicker(t, idleEndpoint(t), idleEndpoint(t))
+	eps := []string{idleEndpoint(t), idleEndpoint(t)}
+	p, _ := startPicker(t, eps...)
+	// The picker's scrapes keep a connection to each endpoint (two
+	// goroutines each): count the goroutines before the soak only once
+	// both exist, or the count after it has them and the one before not.
+	for _, ep := range eps {
+		p.Metrics.Await(t, 0, "laneway_endpoint_metrics_stale", "endpoint", ep)
+	}
 	var churns atomic.Int32
 	k := &Soak{
 		Addr:    p.GRPCAddr,
