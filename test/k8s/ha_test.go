@@ -538,6 +538,12 @@ func (e *env) waitLease(what string, cond func(*coordinationv1.Lease) bool) *coo
 	return waitObject(e, &coordinationv1.LeaseList{}, ha.LeaseName("pool"), what, cond)
 }
 
+// waitLeaseFor is waitLease failing after timeout.
+func (e *env) waitLeaseFor(timeout time.Duration, what string, cond func(*coordinationv1.Lease) bool) *coordinationv1.Lease {
+	e.t.Helper()
+	return waitObjectFor(e, timeout, &coordinationv1.LeaseList{}, ha.LeaseName("pool"), what, cond)
+}
+
 // service plays a Kubernetes Service over picker replicas with the
 // endpoints controller behind it: a replica is a member while its
 // readiness reports SERVING, and streams go round-robin over the members.

@@ -493,11 +493,18 @@ func (e *env) waitProfile(name string, what string, cond func(*v1alpha1.PolicyPr
 // object called name satisfies cond.
 func waitObject[T client.Object](e *env, list client.ObjectList, name, what string, cond func(T) bool) T {
 	e.t.Helper()
+	return waitObjectFor(e, launch.EventTimeout, list, name, what, cond)
+}
+
+// waitObjectFor is waitObject failing after timeout, for a wait whose
+// bound is the assertion.
+func waitObjectFor[T client.Object](e *env, timeout time.Duration, list client.ObjectList, name, what string, cond func(T) bool) T {
+	e.t.Helper()
 	wc, err := client.NewWithWatch(adminCfg, client.Options{Scheme: admin.Scheme()})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	c, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
+	c, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if err := wc.List(c, list, client.InNamespace(e.ns)); err != nil {
 		e.t.Fatalf("list %T: %v", list, err)
@@ -528,7 +535,7 @@ func waitObject[T client.Object](e *env, list client.ObjectList, name, what stri
 			}
 		}
 	}
-	e.t.Fatalf("%T %s: not %s within %s; last seen %+v", last, name, what, launch.EventTimeout, last)
+	e.t.Fatalf("%T %s: not %s within %s; last seen %+v", last, name, what, timeout, last)
 	return last
 }
 

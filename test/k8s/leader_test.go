@@ -1,13 +1,24 @@
 package k8s
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -175,4 +186,95 @@ func TestNotReadyUntilSynced(t *testing.T) {
 	t.Logf("ready %v after the Role was bound (client-go's list retry backoff)", time.Since(t0).Round(time.Millisecond))
 	p.waitEndpoints(time.Now(), followLimit, a.addr(e.port))
 	serve(t, p.start(ctx(t), request("")))
+}
+
+// TestReleaseAfterConflict: the shutdown's release of the Lease meets a
+// conflicting write (a renewal the shutdown cancelled can still land on
+// the API server between the release's read and its write). The Lease is
+// released all the same, so the next leader does not wait out the lease
+// duration. Found by TestRollingUpdate under load: "Failed to release
+// lease ... the object has been modified", then a 3.97 s handover against
+// a 3 s lease. The elector runs in this process, against the real API
+// server, with one competing write injected before the release's write.
+func TestReleaseAfterConflict(t *testing.T) {
+	e := newEnv(t, false)
+	const identity = "me_127.0.0.1:1_ab"
+	var armed, injected atomic.Bool
+	cfg := rest.CopyConfig(adminCfg)
+	cfg.ContentType = "application/json" // the round trip below reads the record
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if req.Method == http.MethodPut && armed.Load() && req.Body != nil {
+				body, err := io.ReadAll(req.Body)
+				if err != nil {
+					return nil, err
+				}
+				req.Body = io.NopCloser(bytes.NewReader(body))
+				var l coordinationv1.Lease
+				if err := json.Unmarshal(body, &l); err != nil {
+					return nil, err
+				}
+				if ptr.Deref(l.Spec.HolderIdentity, "") == "" && injected.CompareAndSwap(false, true) {
+					e.bumpLease() // the late renewal
+				}
+			}
+			return rt.RoundTrip(req)
+		})
+	}
+	// Long enough that a Lease left held is plainly seen held.
+	const lease, renew, retry = 15 * time.Second, 10 * time.Second, time.Second
+	lock, err := ha.LeaseLock(cfg, e.ns, "pool", identity, renew)
+	if err != nil {
+		t.Fatal(err)
+	}
+	synced, stopping := make(chan struct{}), make(chan struct{})
+	close(synced)
+	el, err := ha.NewElector(ha.ElectorConfig{Lock: lock, Identity: identity,
+		LeaseDuration: lease, RenewDeadline: renew, RetryPeriod: retry,
+		Synced: synced, Stopping: stopping, Registry: prometheus.NewRegistry(), Log: testr.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- el.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	e.waitLease("held by the elector", func(l *coordinationv1.Lease) bool {
+		return ptr.Deref(l.Spec.HolderIdentity, "") == identity
+	})
+
+	armed.Store(true)
+	t0 := time.Now()
+	close(stopping)
+	released := e.waitLeaseFor(lease/3, "released", func(l *coordinationv1.Lease) bool {
+		return ptr.Deref(l.Spec.HolderIdentity, "") == ""
+	})
+	if !injected.Load() {
+		t.Fatal("no release was written: the conflict was never injected")
+	}
+	t.Logf("Lease released %v after the stop despite a conflicting write (transitions %d)",
+		time.Since(t0).Round(time.Millisecond), ptr.Deref(released.Spec.LeaseTransitions, 0))
+}
+
+// roundTripFunc is an http.RoundTripper of one function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+// RoundTrip implements http.RoundTripper.
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// bumpLease changes the pool's Lease without touching its record, as any
+// writer of it would: its resourceVersion moves on.
+func (e *env) bumpLease() {
+	e.t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var l coordinationv1.Lease
+		if err := admin.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: ha.LeaseName("pool")}, &l); err != nil {
+			return err
+		}
+		metav1.SetMetaDataAnnotation(&l.ObjectMeta, "test.laneway.dev/bumped", time.Now().Format(time.RFC3339Nano))
+		return admin.Update(context.Background(), &l)
+	})
+	if err != nil {
+		e.t.Errorf("bump the Lease: %v", err)
+	}
 }
