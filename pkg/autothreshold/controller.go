@@ -13,6 +13,14 @@ const Window = int64(500 * time.Millisecond)
 // MinScrapes is the fewest scrapes a decision reads.
 const MinScrapes = 3
 
+// KVFull is the KV cache usage from which the engine counts as full: it
+// admits a request only as finished ones free their cache, and a request
+// it is sent meanwhile waits in its own queue, in its order. vLLM admits
+// while a prompt's blocks fit (less a 1% watermark); a tenth of the cache
+// free still holds several long prompts, so below it the engine is not
+// bound by its cache.
+const KVFull = 0.9
+
 // UnknownBudget is the start of an endpoint whose step budget is unknown,
 // as the busy test assumes for fractions (policy.UnknownMaxBatchedTokens):
 // such an endpoint is not made busy until its engine shows a queue.
@@ -58,6 +66,9 @@ type Sample struct {
 	MeanPrompt uint64
 	// Held says the picker holds requests the endpoint was busy for.
 	Held bool
+	// KVUsage is the engine's KV cache usage, 0..1, when HasKV.
+	KVUsage float64
+	HasKV   bool
 }
 
 // Move is what one observation did to the threshold.
@@ -100,7 +111,8 @@ type Controller struct {
 	maxW     int
 	heldAll  bool
 	idleAll  bool // the engine held no request at any scrape of the window
-	freeAll  bool // the engine had free sequences at every scrape of the window
+	freeAll  bool // the engine had free sequences and cache at every scrape of the window
+	kvFull   bool // the engine's KV cache was full at every scrape of the window
 	canJudge bool // every sample of the window had the waiting count
 }
 
@@ -155,6 +167,7 @@ func (c *Controller) Observe(s Sample) Move {
 	if !c.open {
 		c.open, c.winAt, c.n = true, s.At, 0
 		c.minW, c.maxW, c.heldAll, c.idleAll, c.freeAll, c.canJudge = s.Waiting, s.Waiting, true, true, true, true
+		c.kvFull = true
 	}
 	if s.HasWaiting && s.HasRunning && s.Waiting > 0 {
 		c.slots = max(c.slots, s.Running)
@@ -164,8 +177,10 @@ func (c *Controller) Observe(s Sample) Move {
 	c.heldAll = c.heldAll && s.Held
 	c.idleAll = c.idleAll && s.HasWaiting && s.HasRunning && s.Waiting <= 0 && s.Running <= 0
 	// Free sequences: fewer running than 15/16 of the limit seen (with 4
-	// sequences, at most 3), or no limit seen yet.
-	c.freeAll = c.freeAll && (c.slots == 0 || (s.HasRunning && s.Running*16 < c.slots*15))
+	// sequences, at most 3), or no limit seen yet; and cache below KVFull.
+	full := s.HasKV && s.KVUsage >= KVFull
+	c.freeAll = c.freeAll && (c.slots == 0 || (s.HasRunning && s.Running*16 < c.slots*15)) && !full
+	c.kvFull = c.kvFull && full
 	c.canJudge = c.canJudge && s.HasWaiting
 	if s.At-c.winAt < Window || c.n < MinScrapes {
 		return Hold
@@ -177,6 +192,17 @@ func (c *Controller) Observe(s Sample) Move {
 	p := max(s.MeanPrompt, 1)
 	band := c.Band(p)
 	switch {
+	case c.kvFull && c.minW >= 1:
+		// The engine's cache was full and its queue held requests all
+		// window long: it admits only as its cache frees, in its own
+		// order, so a prompt waiting there gains nothing over waiting in
+		// the picker, where the policy orders it. Keep about one prompt
+		// ready for the next free space.
+		target := max(min(p, subSat(c.t, p)), c.lo)
+		if target < c.t {
+			c.t = target
+			return Lower
+		}
 	case satMul(uint64(max(c.minW, 0)), p) > band:
 		// The engine kept more than the band waiting all window long.
 		queued := satMul(uint64(max(s.Waiting, 0)), p)

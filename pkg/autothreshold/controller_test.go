@@ -71,6 +71,21 @@ func TestRule(t *testing.T) {
 		{name: "lower is at least one prompt",
 			budget: 8192, start: 3000, s: Sample{Waiting: 6, HasWaiting: true, Load: 100000, MeanPrompt: 512},
 			move: Lower, want: 3000 - 512},
+		{name: "cache full with a queue inside the band: lower to one prompt",
+			budget: 8192, s: Sample{Waiting: 2, HasWaiting: true, Running: 150, HasRunning: true, Load: 4000, MeanPrompt: 1000, Held: true, KVUsage: 0.97, HasKV: true},
+			move: Lower, want: 1000},
+		{name: "cache full, one prompt is below the floor: lower to the floor",
+			budget: 8192, start: 900, s: Sample{Waiting: 1, HasWaiting: true, Load: 900, MeanPrompt: 300, Held: true, KVUsage: 1, HasKV: true},
+			move: Lower, want: 512},
+		{name: "cache full without a queue: hold",
+			budget: 8192, s: Sample{Waiting: 0, HasWaiting: true, Running: 150, HasRunning: true, Load: 7168, MeanPrompt: 1000, Held: true, KVUsage: 0.99, HasKV: true},
+			move: Hold, want: 7168},
+		{name: "cache full, an empty queue below the start is no starvation",
+			budget: 8192, start: 1000, s: Sample{Waiting: 0, HasWaiting: true, Running: 150, HasRunning: true, Load: 1000, MeanPrompt: 1000, Held: true, KVUsage: 0.95, HasKV: true},
+			move: Hold, want: 1000},
+		{name: "cache with room, a queue inside the band: hold",
+			budget: 8192, s: Sample{Waiting: 2, HasWaiting: true, Running: 150, HasRunning: true, Load: 4000, MeanPrompt: 1000, Held: true, KVUsage: 0.5, HasKV: true},
+			move: Hold, want: 7168},
 		{name: "no waiting count: hold",
 			budget: 8192, start: 4096, s: Sample{Waiting: 0, HasRunning: true, Load: 8192, MeanPrompt: 512, Held: true},
 			move: Hold, want: 4096},
@@ -204,8 +219,8 @@ func TestSettlesWithoutOscillation(t *testing.T) {
 // FuzzInvariants drives a controller with arbitrary scrapes and checks,
 // after each, the invariants the package documentation promises: the
 // threshold within its bounds, no raise while the engine's waiting queue
-// is over the band, no lower while the engine shows no waiting request and
-// the picker holds some.
+// is over the band or the engine's cache is full, no lower while the
+// engine shows no waiting request and the picker holds some.
 func FuzzInvariants(f *testing.F) {
 	f.Add(uint64(8192), []byte{0, 0, 0, 0, 0, 0, 0, 0, 20, 20, 20, 20, 20, 20, 1, 2, 3})
 	f.Add(uint64(0), []byte{9, 9, 9, 9, 9, 9, 9, 0, 0, 0})
@@ -228,6 +243,7 @@ func FuzzInvariants(f *testing.F) {
 				At: at, Waiting: int(arg % 64), HasWaiting: op&0x10 == 0,
 				Load: uint64(arg) * uint64(op) * 37, MeanPrompt: uint64(op>>5) * 300,
 				Held: op&0x08 != 0, Running: int(arg>>6) - 1, HasRunning: op&0x20 == 0,
+				KVUsage: float64(arg%11) / 10, HasKV: op&0x40 == 0,
 			}
 			before := c.Threshold()
 			m := c.Observe(s)
@@ -241,6 +257,9 @@ func FuzzInvariants(f *testing.F) {
 			p := max(s.MeanPrompt, 1)
 			if s.HasWaiting && uint64(s.Waiting)*p > c.Band(p) && after > before {
 				t.Fatalf("op %d: raised %d -> %d with %d waiting over the band %d", i, before, after, s.Waiting, c.Band(p))
+			}
+			if s.HasKV && s.KVUsage >= KVFull && after > before {
+				t.Fatalf("op %d: raised %d -> %d with the cache full (%.2f)", i, before, after, s.KVUsage)
 			}
 			if s.HasWaiting && s.Waiting == 0 && s.Held && after < before {
 				t.Fatalf("op %d: lowered %d -> %d while the engine idled with work held", i, before, after)

@@ -46,13 +46,20 @@
 //     (requests × p) at every scrape of the window: to the tokens the
 //     engine was prefilling (the picker's in-prefill load less its waiting
 //     queue) plus one prompt, and never above T − p;
+//   - lower to one prompt, when the engine's KV cache was full (usage at
+//     least KVFull) and its waiting queue held a request at every scrape
+//     of the window: a cache-bound engine admits only as finished
+//     requests free their cache, in its own order, so a prompt waiting
+//     in it gains nothing over waiting in the picker; to p, and never
+//     above T − p;
 //   - raise, when the picker held requests at every scrape of the window
 //     (the endpoint was busy for them) while the engine's waiting queue
 //     was empty at every one, by min(max(T/8, p), band/2): up to S if the
-//     engine also had free sequences at every scrape (fewer running than
-//     15/16 of the most it ran while requests waited; an engine whose
-//     sequences are all taken is bound by its decodes, and more prompts
-//     would only wait in it), or up to the ceiling when the engine held no
+//     engine also had free sequences and cache at every scrape (fewer
+//     running than 15/16 of the most it ran while requests waited, KV
+//     usage below KVFull; an engine whose sequences or cache are all
+//     taken is bound by its decodes, and more prompts would only wait in
+//     it), or up to the ceiling when the engine held no
 //     request at all at every scrape (idle). An engine that admits every
 //     request it is sent into its running batch (chunked prefill with free
 //     slots) never shows a waiting queue, so an empty one alone cannot
@@ -74,13 +81,16 @@
 // band/2, so it lands with W ≤ band/2, inside the deadband: a raise never
 // causes a lower. A lower happens only at W > band and lands at C + p,
 // where W ≈ one request > 0, inside the deadband: a lower never causes a
-// raise. So after a change of the engine or the load the threshold
+// raise. A lower to one prompt needs the cache full at every scrape of a
+// window, a raise the cache below KVFull at every scrape of one; an
+// engine bound by its cache frees it only as its load falls, so that
+// reversal also needs a change of the load. So after a change of the engine or the load the threshold
 // makes at most one reversal and then holds, one window per move; a
 // lower reaches the band in one move, and raises are multiplicative (from
 // B/16 back to S in at most 24 windows, 12 s; from a lowered level that
 // kept the engine busy, far fewer). Safety holds whatever the engine
 // does: the threshold never rises while the engine's queue is over the
-// band, never falls while the engine shows no waiting request and the
+// band or its cache is full, never falls while the engine shows no waiting request and the
 // picker holds some (so the engine is not starved for longer than a
 // window plus a scrape at any level below S, nor while idle at any
 // level), and never leaves its bounds. Stale metrics make an endpoint

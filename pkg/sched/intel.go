@@ -136,7 +136,8 @@ func (c *Core) observeAuto(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 		At: now, Waiting: m.Waiting, HasWaiting: m.Has(podmetrics.Waiting),
 		Running: m.Running, HasRunning: m.Has(podmetrics.Running),
 		Load: load, MeanPrompt: c.meanPrompt,
-		Held: c.q.Len() > 0 && load > e.auto.Threshold(),
+		Held:    c.q.Len() > 0 && load > e.auto.Threshold(),
+		KVUsage: m.KVCacheUsage, HasKV: m.Has(podmetrics.KVCacheUsage),
 	})
 	return move != autothreshold.Hold
 }

@@ -67,6 +67,18 @@ func TestBenchQuality(t *testing.T) {
 			t.Errorf("%d of %d requests completed", f.Total.Completed, f.Requests)
 		}
 	})
+	t.Run("auto against fixed thresholds", func(t *testing.T) {
+		sweeps, err := RunSweeps()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range sweeps {
+			WriteSweep(w, s)
+			for _, m := range s.Misses() {
+				t.Error(m)
+			}
+		}
+	})
 	t.Run("auto dynamics", func(t *testing.T) {
 		f, err := RunDynamics(filepath.Join(out, "auto-dynamics"))
 		if err != nil {
