@@ -102,6 +102,9 @@ type Core struct {
 
 	// awaitingEps are the endpoints whose ledger holds grants (ledger.go).
 	awaitingEps []*endpoint
+	// strangerEps are the endpoints whose engine queue showed requests
+	// this picker did not send (ledger.go, predictStrangers).
+	strangerEps []*endpoint
 
 	index      *affinity.Index // the prefix-cache index; nil: none
 	baseBS     int             // PrefixOptions.BlockSize
@@ -295,6 +298,7 @@ func (c *Core) Cancel(r *Request) bool {
 // engine is predicted to have prefilled by now (ledger.go).
 func (c *Core) Drain(now int64) []Leave {
 	c.predict(now)
+	c.predictStrangers(now)
 	for c.q.Len() > 0 {
 		it, out := c.q.Pop(now, c.probe)
 		if out == drr.None {

@@ -36,6 +36,12 @@ type endpoint struct {
 	// are not ours, and the prompt tokens the busy test counts for them.
 	unseenWaiting int
 	unseenPrefill uint64
+	// unseenAt is when the oldest unseen request's prefill is assumed to
+	// have started: the scrape that counted it, or the predicted prefill
+	// end of the one before it (ledger.go, predictStrangers).
+	unseenAt int64
+	// strangersListed: e is in the core's strangerEps.
+	strangersListed bool
 	// waiting is the engine's whole waiting queue at the last fresh scrape
 	// (ours included), for the overload filter.
 	waiting int

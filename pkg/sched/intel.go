@@ -81,7 +81,11 @@ func (c *Core) SetMetrics(now int64, addr string, m podmetrics.Metrics, stale bo
 		if prefill != e.unseenPrefill {
 			changed = true
 		}
-		e.unseenWaiting, e.unseenPrefill = unseen, prefill
+		if unseen > 0 && !e.strangersListed {
+			c.strangerEps = append(c.strangerEps, e)
+			e.strangersListed = true
+		}
+		e.unseenWaiting, e.unseenPrefill, e.unseenAt = unseen, prefill, now
 		e.running = m.Running
 		if m.Has(podmetrics.KVCacheUsage) {
 			e.kvUsage = m.KVCacheUsage // orders decode pods (roles.go)

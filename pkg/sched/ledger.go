@@ -4,6 +4,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/laneway-dev/laneway/pkg/drr"
 	"github.com/laneway-dev/laneway/pkg/podmetrics"
 )
 
@@ -35,6 +36,15 @@ import (
 //     was sent). A prediction that runs ahead of the engine leaves its
 //     request in the engine's waiting queue, where the unseen-load
 //     estimate counts it at the next scrape.
+//
+// The unseen load (requests in the engine's queue this picker did not
+// send, counted at each scrape) leaves prefill the same way between
+// scrapes: one stranger's mean prompt at a time, at the learned rate times
+// the strangers' part of the queue (1 − share), from the scrape that
+// counted them. Without it a picker whose scrapes keep landing just after
+// another replica's dispatches holds its whole queue on requests the
+// engine empties within milliseconds. The next scrape's count replaces
+// the prediction.
 //
 // The ledger is owned by the core's goroutine, like the rest of the
 // endpoint; its cost is O(1) amortised per grant (each enters and leaves
@@ -289,8 +299,15 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 // the engine had requests waiting at every scrape measures its capacity,
 // and moves the rate either way; any other window shows only that the
 // engine is at least that fast, so it can raise the rate but not lower
-// it. A sample counts at most twice the rate it updates, so one burst
-// cannot make prediction run far ahead of the engine.
+// it. A raise takes the sample, up to twice the rate it updates (one
+// burst cannot make prediction run far ahead of the engine, and the
+// bounded lead stops it anyway), so the rate reaches the engine's within
+// a few windows: a rate below it only slows prediction, and the picker
+// then releases in bursts at the scrapes, which other replicas in front
+// of the same engine see as strangers (TestTwoPickersOneEngine: with
+// raises of a quarter the rate took the whole 10 s run to reach the
+// engine's 33,000 tokens/s). A lower, from a saturated window, is
+// smoothed.
 func (c *Core) learnRate(l *ledger, counter float64, now int64, saturated bool) {
 	l.winBusy = l.winBusy && saturated
 	dt := now - l.winAt
@@ -302,8 +319,10 @@ func (c *Core) learnRate(l *ledger, counter float64, now int64, saturated bool) 
 	case sample <= 0:
 	case l.rate == 0:
 		l.rate = sample
-	case l.winBusy || sample > l.rate:
-		l.rate += rateEWMA * (min(sample, 2*l.rate) - l.rate)
+	case sample > l.rate:
+		l.rate = min(sample, 2*l.rate)
+	case l.winBusy:
+		l.rate += rateEWMA * (sample - l.rate)
 	}
 	l.winAt, l.winCounter, l.winBusy = now, counter, saturated
 }
@@ -343,6 +362,48 @@ func (c *Core) predict(now int64) bool {
 	return released
 }
 
+// predictStrangers removes, at now, the unseen requests the engine has had
+// time to prefill since the scrape that counted them (or the last such
+// prediction), and reports whether any left. It runs at every Drain.
+func (c *Core) predictStrangers(now int64) bool {
+	left := false
+	keep := c.strangerEps[:0]
+	for _, e := range c.strangerEps {
+		if d, ok := c.strangerPrefill(e); ok && !e.removed && !e.stale {
+			n := e.unseenWaiting
+			for e.unseenWaiting > 0 && e.unseenAt+d <= now {
+				e.unseenAt += d
+				e.unseenWaiting--
+			}
+			if e.unseenWaiting != n {
+				e.unseenPrefill = drr.SaturatingMul(uint64(e.unseenWaiting), c.meanPrompt)
+				c.q.EndpointChanged(e.id)
+				left = true
+			}
+		}
+		if e.unseenWaiting > 0 && !e.removed && !e.stale {
+			keep = append(keep, e)
+		} else {
+			e.strangersListed = false
+		}
+	}
+	clear(c.strangerEps[len(keep):])
+	c.strangerEps = keep
+	return left
+}
+
+// strangerPrefill is how long the engine takes, as predicted, to prefill
+// one unseen request of e: the mean prompt at the learned rate times the
+// strangers' part of the engine's queue. ok is false without a learned
+// rate: the unseen load then stays until the next scrape.
+func (c *Core) strangerPrefill(e *endpoint) (d int64, ok bool) {
+	rate := e.led.rate * (1 - e.led.share)
+	if rate <= 0 || e.unseenWaiting == 0 {
+		return 0, false
+	}
+	return max(1, int64(math.Ceil(float64(c.meanPrompt)/rate*1e9))), true
+}
+
 // nextPrefilled is when the oldest awaiting grant's prefill is predicted
 // to end: it starts once the engine is done with the ones before it (the
 // anchor), not before it was sent, and not before the engine was last
@@ -380,11 +441,16 @@ func (c *Core) predictionLead(e *endpoint) uint64 {
 }
 
 // nextPrediction is the earliest predicted prefill end of any endpoint's
-// oldest awaiting grant.
+// oldest awaiting grant or oldest unseen request.
 func (c *Core) nextPrediction() (at int64, ok bool) {
 	for _, e := range c.awaitingEps {
 		if t, tok := e.led.nextPrefilled(uint64(float64(c.predictionLead(e)) * e.led.share)); tok && (!ok || t < at) {
 			at, ok = t, true
+		}
+	}
+	for _, e := range c.strangerEps {
+		if d, dok := c.strangerPrefill(e); dok && !e.removed && !e.stale && (!ok || e.unseenAt+d < at) {
+			at, ok = e.unseenAt+d, true
 		}
 	}
 	return at, ok

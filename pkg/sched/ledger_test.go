@@ -215,7 +215,8 @@ func TestIdleEngineReleasesLostGrants(t *testing.T) {
 
 // TestRateWindowDampsBursts: engines count a batch's prompts at once and
 // scrapes jitter, so a rate is measured over half a second at least, and
-// one window counts at most twice the rate it corrects.
+// one window at most doubles the rate; a saturated window lowers it
+// smoothly.
 func TestRateWindowDampsBursts(t *testing.T) {
 	c := ledgerCore(t)
 	keepBusy := grantNow(t, c, ms(1), 100)
@@ -228,8 +229,16 @@ func TestRateWindowDampsBursts(t *testing.T) {
 	c.Release(more, EventDone)
 	scrape(c, ms(600), 0, 1, 10000)         // a short interval: no sample
 	scrape(c, ms(1000), 0, 1, 10000+100000) // a burst: 200,000 tokens/s, counted as 40,000
-	if r := endpointState(c).PrefillRate; r != 25000 {
-		t.Fatalf("after a burst: rate %v, want 25000 (20000 + 0.25 x (2 x 20000 - 20000))", r)
+	if r := endpointState(c).PrefillRate; r != 40000 {
+		t.Fatalf("after a burst: rate %v, want 40000 (at most twice 20000)", r)
+	}
+	// A saturated window (requests waiting at every scrape) at 20,000
+	// tokens/s moves it a quarter of the way down.
+	scrape(c, ms(1500), 3, 1, 110000+20000) // closes a window that was not saturated throughout: 40,000/s, no change
+	scrape(c, ms(1700), 3, 1, 130000+4000)
+	scrape(c, ms(2000), 3, 1, 130000+10000)
+	if r := endpointState(c).PrefillRate; r != 35000 {
+		t.Fatalf("after a saturated window: rate %v, want 35000 (40000 - 0.25 x (40000 - 20000))", r)
 	}
 }
 
@@ -276,5 +285,54 @@ func TestStrangersShareTheCounter(t *testing.T) {
 	scrape(c, ms(100), 1, 4, 2560)
 	if e := endpointState(c); e.ActivePrefill != 0 || e.AwaitingEngine != 0 {
 		t.Fatalf("%+v: want b released", e)
+	}
+}
+
+// TestStrangersLeavePrefill: requests another replica sent wait in the
+// engine's queue (unseen load); between scrapes they leave prefill at the
+// engine's learned rate like ours, so the busy test does not hold our
+// queue for a whole scrape interval on a queue the engine has long
+// emptied (found by TestTwoPickersOneEngine: one picker held 250
+// requests for 3 s on three strangers seen at every scrape, each of them
+// sent by the other picker just before it, and gone 25 ms later). The next
+// scrape's count wins over the prediction.
+func TestStrangersLeavePrefill(t *testing.T) {
+	c := ledgerCore(t)
+	// Learn 100,000 tokens/s over a first window of half a second.
+	warm := grantNow(t, c, ms(1), 1000)
+	c.Release(warm, EventFirstByte)
+	c.Release(warm, EventDone)
+	scrape(c, ms(10), 0, 1, 0)
+	scrape(c, ms(500), 0, 0, 50000)
+	// Three strangers wait: more than the threshold of unseen load.
+	scrape(c, ms(600), 3, 1, 50000)
+	e := endpointState(c)
+	mean := e.UnseenPrefill / 3
+	if e.UnseenWaiting != 3 || mean*3 <= 1536 {
+		t.Fatalf("after the scrape: %+v, want 3 strangers over the threshold", e)
+	}
+	queued := admit(c, ms(600), &Ticket{RawISL: 500})
+	if l := c.Drain(ms(600)); len(l) != 0 {
+		t.Fatalf("with 3 strangers waiting: %v, want the request queued", l)
+	}
+	// Each stranger's prompt takes mean/100,000 s, one after the other.
+	d := int64((float64(mean)/100000)*1e9 + 0.5)
+	if at, ok := c.NextDeadline(); !ok || at < ms(600)+d-1 || at > ms(600)+d+1 {
+		t.Fatalf("NextDeadline = %d, %t; want about %d (the first stranger's prefill end)", at, ok, ms(600)+d)
+	}
+	if c.Drain(ms(600) + d - 2); endpointState(c).UnseenWaiting != 3 {
+		t.Fatalf("before the first stranger's prefill end: %+v, want 3", endpointState(c))
+	}
+	if l := c.Drain(ms(600) + d + 1); len(l) != 0 || endpointState(c).UnseenWaiting != 2 {
+		t.Fatalf("after the first stranger's prefill end: %v, %+v; want 2 left and the request still queued", l, endpointState(c))
+	}
+	l := c.Drain(ms(600) + 2*d + 1)
+	if len(l) != 1 || l[0].Req != queued || l[0].Grant == nil || endpointState(c).UnseenWaiting != 1 {
+		t.Fatalf("after the second: %v, %+v; want the request granted with 1 stranger left", l, endpointState(c))
+	}
+	// The engine's own count wins at the next scrape.
+	scrape(c, ms(700), 4, 1, 50000)
+	if e := endpointState(c); e.UnseenWaiting != 3 {
+		t.Fatalf("after a scrape showing 4 waiting, one of them ours: %+v, want 3 strangers", e)
 	}
 }
