@@ -40,6 +40,22 @@ func grantNow(t *testing.T, c *Core, now int64, raw uint64) *Grant {
 
 func endpointState(c *Core) EndpointSnapshot { return c.Snapshot().Endpoints[0] }
 
+// rateCore is ledgerCore after a warm-up that taught it a prefill rate of
+// 100,000 tokens/s over a first window of half a second (one request of
+// 1,000 tokens, released header-only, then an idle engine at 500 ms).
+func rateCore(t *testing.T) *Core {
+	t.Helper()
+	c := ledgerCore(t)
+	warm := grantNow(t, c, ms(1), 1000)
+	c.Release(warm, EventDone)
+	scrape(c, ms(10), 0, 1, 0)
+	scrape(c, ms(500), 0, 0, 50000)
+	if e := endpointState(c); e.PrefillRate != 100000 || e.AwaitingEngine != 0 {
+		t.Fatalf("after the warm-up: %+v, want rate 100000 and nothing awaiting", e)
+	}
+	return c
+}
+
 // TestStreamEndWithoutFirstByteKeepsTheCharge: a header-only gateway
 // ends the stream at the pick; the prompt is still in the engine, so its
 // tokens stay charged until the engine's counter shows it prefilled.
@@ -130,15 +146,7 @@ func TestRestartedEngineReleasesTheLedger(t *testing.T) {
 // time to prefill it, and the core asks to be driven then while
 // requests are queued.
 func TestPredictionReleasesBetweenScrapes(t *testing.T) {
-	c := ledgerCore(t)
-	// Learn 100,000 tokens/s over a first window of half a second.
-	warm := grantNow(t, c, ms(1), 1000)
-	c.Release(warm, EventDone)
-	scrape(c, ms(10), 0, 1, 0)
-	scrape(c, ms(500), 0, 0, 50000)
-	if e := endpointState(c); e.PrefillRate != 100000 || e.AwaitingEngine != 0 {
-		t.Fatalf("after the warm-up: %+v, want rate 100000 and nothing awaiting", e)
-	}
+	c := rateCore(t)
 	// Four prompts of 500 fill the endpoint past 1536; a fifth queues.
 	var gs []*Grant
 	for range 4 {
@@ -297,13 +305,7 @@ func TestStrangersShareTheCounter(t *testing.T) {
 // sent by the other picker just before it, and gone 25 ms later). The next
 // scrape's count wins over the prediction.
 func TestStrangersLeavePrefill(t *testing.T) {
-	c := ledgerCore(t)
-	// Learn 100,000 tokens/s over a first window of half a second.
-	warm := grantNow(t, c, ms(1), 1000)
-	c.Release(warm, EventFirstByte)
-	c.Release(warm, EventDone)
-	scrape(c, ms(10), 0, 1, 0)
-	scrape(c, ms(500), 0, 0, 50000)
+	c := rateCore(t)
 	// Three strangers wait: more than the threshold of unseen load.
 	scrape(c, ms(600), 3, 1, 50000)
 	e := endpointState(c)
