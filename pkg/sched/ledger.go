@@ -48,7 +48,8 @@ import (
 //
 // The ledger is owned by the core's goroutine, like the rest of the
 // endpoint; its cost is O(1) amortised per grant (each enters and leaves
-// the queue once) plus O(E) per Drain for the endpoints holding grants.
+// the queue once) plus O(E) per Drain for the endpoints holding grants or
+// showing strangers.
 
 // ledger is one endpoint's reconciliation state.
 type ledger struct {
