@@ -298,7 +298,6 @@ func (c *Core) Cancel(r *Request) bool {
 // engine is predicted to have prefilled by now (ledger.go).
 func (c *Core) Drain(now int64) []Leave {
 	c.predict(now)
-	c.predictStrangers(now)
 	for c.q.Len() > 0 {
 		it, out := c.q.Pop(now, c.probe)
 		if out == drr.None {

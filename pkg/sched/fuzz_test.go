@@ -280,8 +280,9 @@ func runCoreOps(data []byte, pk Chooser) error {
 		if err := syncAwaiting(step, op); err != nil {
 			return err
 		}
-		// The unseen estimates only change on scrapes: read them before
-		// the drain's grants move the accounting.
+		// The unseen estimates change on scrapes and, by prediction, with
+		// the grants above: read them after those and before the drain's
+		// grants move the accounting.
 		for _, es := range c.Snapshot().Endpoints {
 			if e := live[es.Addr]; e != nil {
 				e.unseenFromCore = es.UnseenPrefill

@@ -330,9 +330,9 @@ func (c *Core) learnRate(l *ledger, counter float64, now int64, saturated bool) 
 
 // predict releases, at now, the awaiting grants the engine has had time
 // to prefill at its learned rate since the last reconciliation, oldest
-// first, and reports whether any was released. It runs at every Drain.
-func (c *Core) predict(now int64) bool {
-	released := false
+// first, and then the unseen requests (predictStrangers). It runs at
+// every Drain.
+func (c *Core) predict(now int64) {
 	keep := c.awaitingEps[:0]
 	for _, e := range c.awaitingEps {
 		l := &e.led
@@ -347,7 +347,6 @@ func (c *Core) predict(now int64) bool {
 			l.credit = 0
 			l.anchor = at
 			c.confirm(e)
-			released = true
 		}
 		if e.removed {
 			for l.len() > 0 {
@@ -360,17 +359,16 @@ func (c *Core) predict(now int64) bool {
 	}
 	clear(c.awaitingEps[len(keep):])
 	c.awaitingEps = keep
-	return released
+	c.predictStrangers(now)
 }
 
 // predictStrangers removes, at now, the unseen requests the engine has had
 // time to prefill since the scrape that counted them (or the last such
-// prediction), and reports whether any left. It runs at every Drain.
-func (c *Core) predictStrangers(now int64) bool {
-	left := false
+// prediction).
+func (c *Core) predictStrangers(now int64) {
 	keep := c.strangerEps[:0]
 	for _, e := range c.strangerEps {
-		if d, ok := c.strangerPrefill(e); ok && !e.removed && !e.stale {
+		if d, ok := c.strangerPrefill(e); ok {
 			n := e.unseenWaiting
 			for e.unseenWaiting > 0 && e.unseenAt+d <= now {
 				e.unseenAt += d
@@ -379,7 +377,6 @@ func (c *Core) predictStrangers(now int64) bool {
 			if e.unseenWaiting != n {
 				e.unseenPrefill = drr.SaturatingMul(uint64(e.unseenWaiting), c.meanPrompt)
 				c.q.EndpointChanged(e.id)
-				left = true
 			}
 		}
 		if e.unseenWaiting > 0 && !e.removed && !e.stale {
@@ -390,16 +387,16 @@ func (c *Core) predictStrangers(now int64) bool {
 	}
 	clear(c.strangerEps[len(keep):])
 	c.strangerEps = keep
-	return left
 }
 
 // strangerPrefill is how long the engine takes, as predicted, to prefill
 // one unseen request of e: the mean prompt at the learned rate times the
 // strangers' part of the engine's queue. ok is false without a learned
-// rate: the unseen load then stays until the next scrape.
+// rate, and for a stale or removed endpoint: the unseen load then stays
+// until the next fresh scrape.
 func (c *Core) strangerPrefill(e *endpoint) (d int64, ok bool) {
 	rate := e.led.rate * (1 - e.led.share)
-	if rate <= 0 || e.unseenWaiting == 0 {
+	if rate <= 0 || e.unseenWaiting == 0 || e.removed || e.stale {
 		return 0, false
 	}
 	return max(1, int64(math.Ceil(float64(c.meanPrompt)/rate*1e9))), true
@@ -450,7 +447,7 @@ func (c *Core) nextPrediction() (at int64, ok bool) {
 		}
 	}
 	for _, e := range c.strangerEps {
-		if d, dok := c.strangerPrefill(e); dok && !e.removed && !e.stale && (!ok || e.unseenAt+d < at) {
+		if d, dok := c.strangerPrefill(e); dok && (!ok || e.unseenAt+d < at) {
 			at, ok = e.unseenAt+d, true
 		}
 	}

@@ -115,8 +115,6 @@ type ThresholdPoint struct {
 	At        int64
 	Threshold uint64
 	Waiting   int
-	Running   int
-	KVUsage   float64
 }
 
 // Simulated requests whose ticket is in the core or whose grant is held by
@@ -577,7 +575,7 @@ func (r *run) scrape(now int64, s *server) {
 		if r.res.Thresholds == nil {
 			r.res.Thresholds = make([][]ThresholdPoint, len(r.servers))
 		}
-		r.res.Thresholds[s.idx] = append(r.res.Thresholds[s.idx], ThresholdPoint{At: now, Threshold: t, Waiting: st.Waiting, Running: st.Running, KVUsage: st.KVUsage()})
+		r.res.Thresholds[s.idx] = append(r.res.Thresholds[s.idx], ThresholdPoint{At: now, Threshold: t, Waiting: st.Waiting})
 	}
 }
 
