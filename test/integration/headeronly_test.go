@@ -30,10 +30,12 @@ const maxEngineWaiting = 2 * 4
 const twoPickersHeaderOnlyWaiting = 8 * maxEngineWaiting
 
 // twoPickersHeaderOnlyPremium is the least premium may have of the first
-// 320 with two header-only pickers: measured 244 to 256 over 16 runs (3
-// of them beside a race-detector build of ./pkg/...), a little below the
-// single-picker 240 to stay clear of that noise.
-const twoPickersHeaderOnlyPremium = 236
+// 320 with two header-only pickers: clearly weighted (the 512:512 control
+// gives 160). Measured 244 to 256 over 16 runs of this test alone (3 of
+// them beside a race-detector build of ./pkg/...), but 222 once inside a
+// whole make test, where the pickers, gateways and engine share two cores
+// with other suites and each picker's view of the other lags further.
+const twoPickersHeaderOnlyPremium = 200
 
 // TestWeightedShareHeaderOnly runs SPEC §11's weighted-share workload
 // through the real local gateway to a real model-server simulator, with
@@ -162,8 +164,8 @@ func TestHeaderOnlyClients(t *testing.T) {
 // limit at once, and when the two pickers' scrapes fall close together
 // the two bursts add up in the engine's queue for a few milliseconds. The
 // bound there is what tells a bounded queue from a flood: measured 12 to
-// 27 (once 41), against 215 to 528 for a picker that releases at the end
-// of the stream.
+// 27 alone (once 41; 56 once inside a whole make test), against 215 to
+// 528 for a picker that releases at the end of the stream.
 func TestTwoPickersOneEngine(t *testing.T) {
 	launch.CheckGoroutines(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
