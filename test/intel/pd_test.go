@@ -33,10 +33,11 @@ var (
 // a prefill pod and decoded on a decode pod — each server's own records
 // prove it, matched by request id — and the share holds on the prefill
 // pods, where the busy test gates: premium >= 240 of the first 320
-// completions. Every request is answered exactly once. It runs behind a
-// gateway with response phases (the first byte returns the prefill pod's
-// charge) and behind a header-only one (Envoy with the response phases
-// skipped: the prefill pod's engine ledger returns it, issue 21).
+// completions, released together at the prefill pods (runTogether).
+// Every request is answered exactly once. It runs behind a gateway with
+// response phases (the first byte returns the prefill pod's charge) and
+// behind a header-only one (Envoy with the response phases skipped: the
+// prefill pod's engine ledger returns it, issue 21).
 func TestDisaggregatedWeightedShare(t *testing.T) {
 	launch.CheckGoroutines(t)
 	for _, headerOnly := range []bool{false, true} {
@@ -73,15 +74,10 @@ func disaggregatedShare(t *testing.T, headerOnly bool) {
 	p := startEPP(t, nil, "--endpoints-file="+epsFile, "--policy-config="+policy, "--max-num-batched-tokens=8192")
 	gw := bins.RunGateway(t, launch.GatewayOptions{EPP: p, Timeout: 2 * time.Minute, HeaderOnly: headerOnly}).URL
 
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	res, err := workload.Run(ctx, workload.Spec{
+	res := runTogether(t, p, pre, workload.Spec{
 		URL: gw + "/v1/completions", Model: "sim-model", Classes: []string{"premium", "regular"},
 		PerClass: 320, PromptTokens: 512, RequestIDHeader: modelsim.RequestIDHeader,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	s := workload.Analyze(res)
 	t.Logf("disaggregated 512:128 in %v: first 320 completions premium %d regular %d; regular left at premium drain %d; "+
 		"regular at premium #80 %d; regular gained %d between premium #80 and #240",

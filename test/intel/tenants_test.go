@@ -1,13 +1,10 @@
 package intel
 
 import (
-	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/internal/testbed/workload"
@@ -38,67 +35,21 @@ policy_classes:
 }
 
 // runTenants sends the mix through the gateway to one simulator behind the
-// picker and returns the completions in the order they finished. It
-// releases the mix together: the simulator holds the first completions
-// the picker sends it (POST /debug/hold), so their prefill does not finish
-// and the picker queues every other request; once all are in, the
-// simulator lets them go. The order the tenant DRR then serves them in is
-// what the test measures, not which goroutine reached the gateway first.
+// picker, released together (runTogether), and returns the completions in
+// the order they finished.
 func runTenants(t *testing.T, ip, policyFile string, mix []workload.Group) []workload.Completion {
 	t.Helper()
 	sim := startSim(t, ip, "--max-num-seqs=4", "--max-num-batched-tokens=8192", "--enable-prefix-caching=false",
 		"--prefill-tokens-per-sec=40000", "--time-per-output-token=10ms")
 	p := bins.RunEPP(t, launch.EPPOptions{Endpoints: []string{sim.Addr}, Policy: policyFile,
 		Args: []string{"--drain-timeout=5s", "--max-num-batched-tokens=8192"}})
-	base := startGateway(t, p)
-	simPost(t, sim, "/debug/hold")
-
-	total := 0
-	for _, g := range mix {
-		total += g.Count
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	type ran struct {
-		res *workload.Result
-		err error
-	}
-	done := make(chan ran, 1)
-	go func() {
-		res, err := workload.Run(ctx, workload.Spec{URL: base + "/v1/completions", Model: "sim-model", Mix: mix})
-		done <- ran{res, err}
-	}()
-	var in float64
-	launch.WaitFor(t, func() string { return fmt.Sprintf("all %d requests at the picker (queued or sent): %v", total, in) }, func() bool {
-		m := p.Metrics.Read(t)
-		queued, _ := m.Sum("dynamo_frontend_router_queue_pending_requests")
-		sent, _ := m.Sum("laneway_dispatches_total")
-		in = queued + sent
-		return in == float64(total)
-	})
-	simPost(t, sim, "/debug/release")
-	r := <-done
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	for _, c := range r.res.Completions {
+	res := runTogether(t, p, []*launch.Sim{sim}, workload.Spec{URL: startGateway(t, p) + "/v1/completions", Model: "sim-model", Mix: mix})
+	for _, c := range res.Completions {
 		if c.Err != nil || c.Status != 200 {
 			t.Fatalf("%s request: status %d, %v", c.Class, c.Status, c.Err)
 		}
 	}
-	return r.res.Completions
-}
-
-func simPost(t *testing.T, s *launch.Sim, path string) {
-	t.Helper()
-	resp, err := httpClient.Post(s.URL+path, "", nil)
-	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("POST %s: %s", path, resp.Status)
-	}
+	return res.Completions
 }
 
 func tenant(label, id string, n, tokens int) workload.Group {
