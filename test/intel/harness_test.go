@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -46,65 +45,17 @@ func records(t *testing.T, s *launch.Sim) []modelsim.Record {
 	return d.Records
 }
 
-// runTogether runs the workload spec through the picker p in front of
-// sims and releases it together. The simulators hold the first requests
-// the picker sends them (POST /debug/hold), so their prefill does not
-// finish and the picker queues every other request; once the picker's
-// metrics show all of them (queued or sent), the simulators let them go.
-// The order the picker then serves them in is what a test measures, not
-// which client goroutine reached the gateway first: on a busy machine the
-// requests otherwise reach the picker over a second or more, and the
-// picker rightly serves each as it comes while its lanes are short.
+// runTogether is launch.RunTogether for one picker; it fails the test on
+// a workload error.
 func runTogether(t *testing.T, p *launch.EPP, sims []*launch.Sim, spec workload.Spec) *workload.Result {
 	t.Helper()
-	total := spec.PerClass * len(spec.Classes)
-	for _, g := range spec.Mix {
-		total += g.Count
-	}
-	for _, s := range sims {
-		simPost(t, s, "/debug/hold")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	type ran struct {
-		res *workload.Result
-		err error
-	}
-	done := make(chan ran, 1)
-	go func() {
-		res, err := workload.Run(ctx, spec)
-		done <- ran{res, err}
-	}()
-	var in float64
-	launch.WaitFor(t, func() string { return fmt.Sprintf("all %d requests at the picker (queued or sent): %v", total, in) }, func() bool {
-		m := p.Metrics.Read(t)
-		queued, _ := m.Sum("dynamo_frontend_router_queue_pending_requests")
-		sent, _ := m.Sum("laneway_dispatches_total")
-		in = queued + sent
-		return in == float64(total)
-	})
-	for _, s := range sims {
-		simPost(t, s, "/debug/release")
-	}
-	r := <-done
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	return r.res
-}
-
-// simPost posts to one of the simulator's test endpoints (/debug/hold,
-// /debug/release).
-func simPost(t *testing.T, s *launch.Sim, path string) {
-	t.Helper()
-	resp, err := httpClient.Post(s.URL+path, "", nil)
+	res, err := launch.RunTogether(ctx, t, []*launch.EPP{p}, sims, spec)
 	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
+		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("POST %s: %s", path, resp.Status)
-	}
+	return res
 }
 
 // startEPP runs the picker for the test, plaintext, with a short drain.
