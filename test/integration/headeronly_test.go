@@ -29,7 +29,6 @@ const maxEngineWaiting = 2 * 4
 // header-only pickers share it (TestTwoPickersOneEngine).
 const twoPickersHeaderOnlyWaiting = 8 * maxEngineWaiting
 
-
 // TestWeightedShareHeaderOnly runs SPEC §11's weighted-share workload
 // through the real local gateway to a real model-server simulator, with
 // the gateway playing each ext_proc client the picker must serve fairly:
