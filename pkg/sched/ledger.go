@@ -47,7 +47,10 @@ import (
 //     place, but not before the grant was sent and prefilled, and only
 //     while the place is at most the busy limit past the line the scrape
 //     saw, so requests still on their way to the engine (which
-//     prediction cannot see) never add up to more than that;
+//     prediction cannot see) never add up to more than that; the line
+//     keeps the grants prediction released until the counter passes
+//     them, and a grant the engine was seen idle after (it had not
+//     arrived: a slow proxy, a held request) is never predicted;
 //   - the engine, seen holding no request at all, has counted past the
 //     grant's own place, where it stands behind our grants alone (its
 //     place was an overestimate: the requests ahead were shorter than
@@ -93,6 +96,9 @@ type ledger struct {
 	// the tail was last moved.
 	tail, seen, own float64
 	tailAt          int64
+	// predictedTo is the furthest place prediction released a grant at:
+	// the line reaches at least that far until the counter has.
+	predictedTo float64
 	// strangerRate is the learned rate, in prompt tokens per second, at
 	// which requests we did not send join the engine's line (other
 	// replicas, clients that bypass the picker; learnStrangers). sent is
@@ -318,7 +324,7 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 				}
 				e.auto.Reset(e.maxBatched)
 				l.startWindow(now, m.PromptTokens, busyNow)
-				l.tail, l.own, l.strangerRate, l.joined, l.joinedSecs = 0, 0, 0, 0, 0
+				l.tail, l.own, l.strangerRate, l.joined, l.joinedSecs, l.predictedTo = 0, 0, 0, 0, 0, 0
 			}
 			c.learnRate(l, m.PromptTokens, now, busyNow)
 			l.learnStrangers(m.PromptTokens, seen, now, prevAt)
@@ -326,7 +332,10 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 			l.startWindow(now, m.PromptTokens, busyNow)
 		}
 		l.counterKnown, l.counter, l.seen, l.sentAtScrape = true, m.PromptTokens, seen, l.sent
-		l.tail, l.tailAt = l.counter+l.seen, now
+		// Grants released by prediction that the counter has not
+		// reached are in the line, whether the engine shows them yet or
+		// they are still on their way to it.
+		l.tail, l.tailAt = max(l.counter+l.seen, l.predictedTo), now
 		for i := l.head; i < len(l.awaiting); i++ {
 			if g := l.awaiting[i]; !g.placed {
 				l.place(g, now) // sent before the counter was known
@@ -459,6 +468,7 @@ func (c *Core) predict(now int64) {
 			if !ok || at > now {
 				break
 			}
+			l.predictedTo = max(l.predictedTo, l.oldest().place)
 			c.confirm(e)
 		}
 		if e.removed {
@@ -528,7 +538,11 @@ func (l *ledger) nextPrefilled(lead uint64) (at int64, ok bool) {
 		return 0, false
 	}
 	g := l.oldest()
-	if !g.placed {
+	if !g.placed || g.sentAt < l.idleSeenAt {
+		// An engine seen holding nothing after the grant was sent had
+		// not received it then (a slow proxy, a held request): when its
+		// prefill starts is anyone's guess, so only the engine's own
+		// numbers release it.
 		return 0, false
 	}
 	ahead := max(g.place-l.counter, 0)
