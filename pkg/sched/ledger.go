@@ -584,10 +584,3 @@ func (c *Core) nextPrediction() (at int64, ok bool) {
 	}
 	return at, ok
 }
-
-func subSat(a, b uint64) uint64 {
-	if a < b {
-		return 0
-	}
-	return a - b
-}
