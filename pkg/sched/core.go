@@ -110,7 +110,6 @@ type Core struct {
 	baseBS     int             // PrefixOptions.BlockSize
 	hashBS     int             // the block size parsers should hash at
 	meanPrompt uint64          // moving mean of dispatched uncached tokens
-	meanRaw    uint64          // and of their whole prompts (the counter's units)
 	hasAuto    bool            // some class of the policy has an auto threshold
 }
 
@@ -170,7 +169,6 @@ func New(pol *Policy, opts Options) (*Core, error) {
 	}
 	c.probe = prober{c}
 	c.meanPrompt = unseenRequestSeed
-	c.meanRaw = unseenRequestSeed
 	c.baseBS = DefaultBlockSize
 	if p := opts.Prefix; p != nil {
 		c.index = affinity.NewIndex(p.Index)

@@ -40,10 +40,6 @@ type Grant struct {
 	// as the engine counts it (raw tokens) and when it was sent.
 	prefill, raw uint64
 	sentAt       int64
-	// place is the grant's place in its engine's line (ledger.go), and
-	// ownPlace its place behind our own grants alone; placed says they
-	// are set (the counter was known when it was sent).
-	place, ownPlace float64
 	// x is what a disaggregated or adapter grant needs besides; nil for
 	// every other grant, so a pool without roles or adapters pays one
 	// pointer for them.
@@ -60,7 +56,6 @@ type Grant struct {
 
 	prefillReleased bool
 	finished        bool
-	placed          bool
 
 	firstByte atomic.Bool
 	done      atomic.Bool
@@ -161,6 +156,7 @@ func (c *Core) Release(g *Grant, ev Event) {
 	e := g.ep
 	if ev == EventFirstByte || g.prefillReleased {
 		if !g.prefillReleased {
+			e.led.unobserved += g.raw // the engine counts this prompt too
 			c.prefillDone(g)
 			c.startDecode(g)
 		}
@@ -283,7 +279,6 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	e.activePrefill = drr.SaturatingAdd(e.activePrefill, g.prefill)
 	e.inFlight++
 	e.peakOurs = max(e.peakOurs, e.ours())
-	e.led.place(g, now)
 	c.q.EndpointChanged(e.id)
 	if s.split {
 		c.decodeStage(g, r, s) // disaggregated: the pick above is the prefill pod
@@ -294,7 +289,6 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	}
 	// The unseen-load estimate: a moving mean (1/16) of what we dispatch.
 	c.meanPrompt = c.meanPrompt - c.meanPrompt/16 + g.prefill/16
-	c.meanRaw = c.meanRaw - c.meanRaw/16 + g.raw/16
 	var wait time.Duration
 	if queued {
 		wait = time.Duration(now - r.arrival)

@@ -16,52 +16,26 @@ import (
 // whose stream ends first (a header-only gateway, Envoy with response
 // phases skipped, a client that left) is still in the engine as far as
 // the picker knows: it joins its endpoint's ledger, in the order the
-// streams ended, and keeps its charge until the engine's own numbers say
-// its prompt left prefill, always the oldest first.
+// streams ended, and keeps its charge until one of these says its prompt
+// left prefill, always the oldest first (engines prefill first come,
+// first served):
 //
-// Engines prefill first come, first served, and their prompt-token
-// counter (vLLM's and SGLang's prompt_tokens_total) grows by a request's
-// whole prompt at the step that finishes its prefill. So every request
-// sent to an endpoint has a place in the engine's line, in the counter's
-// units: the counter's value once the engine has prefilled everything
-// ahead of it and then it. At each fresh scrape the line's end (tail) is
-// the counter plus what the engine still holds: its waiting requests and
-// its running ones' prefill (at most one step's budget), each counted as
-// the mean prompt we send. A grant sent later is placed at the tail plus
-// its prompt, and moves the tail on by it. The picker cannot see other
-// replicas' requests, but it sees the line they make: they stand in the
-// engine's queue at the next scrape and the tail moves past them, and
-// they grow the counter only as fast as the engine works, so the counter
-// reaches a grant's place no sooner than the engine reached the grant.
-// Strangers that arrive between a scrape and one of our grants stand
-// ahead of it unseen: a grant is released at most one scrape interval's
-// worth of their prompts early, and the next scrape's tail has them.
-//
-// A grant is released when:
-//
-//   - a fresh scrape's counter has reached its place;
-//   - prediction, between scrapes, has: with the prefill rate learned
-//     from the counter, the counter is taken to grow at that rate from
-//     the scrape on (the engine is busy while it holds the grant or
-//     anything ahead of it), and the grant is done once it reaches the
-//     place, but not before the grant was sent and prefilled, and only
-//     while the place is at most the busy limit past the line the scrape
-//     saw, so requests still on their way to the engine (which
-//     prediction cannot see) never add up to more than that; the line
-//     keeps the grants prediction released until the counter passes
-//     them, and a grant the engine was seen idle after (it had not
-//     arrived: a slow proxy, a held request) is never predicted;
-//   - the engine, seen holding no request at all, has counted past the
-//     grant's own place, where it stands behind our grants alone (its
-//     place was an overestimate: the requests ahead were shorter than
-//     the mean);
-//   - the engine has shown no request at any scrape for idleRelease since
-//     the grant was sent (it never arrived);
-//   - the counter went back (a restarted engine holds none of them).
-//
-// Without a prompt-token counter (TRT-LLM serve) the engine's request
-// counts bound the ledger instead: it never holds more grants than the
-// engine has waiting and running requests.
+//   - the engine's prompt-token counter (vLLM's and SGLang's
+//     prompt_tokens_total grows by a request's whole prompt at the step
+//     that finishes its prefill): at each scrape, the growth since the
+//     last one, less the prompts whose first byte was reported and less
+//     what prediction already released, is credited to the ledger's
+//     oldest grants while it covers their prompts; of an engine whose
+//     waiting queue holds strangers (another replica's requests), only our
+//     share of the growth, ours / (ours + strangers);
+//   - the engine's request counts: the ledger never holds more grants
+//     than the engine has waiting and running requests;
+//   - prediction between scrapes: with the prefill rate learned from the
+//     counter (times the same share), the oldest grant is released once the engine had time to
+//     prefill it after the ones before it (a grant cannot start before it
+//     was sent). A prediction that runs ahead of the engine leaves its
+//     request in the engine's waiting queue, where the unseen-load
+//     estimate counts it at the next scrape.
 //
 // The unseen load (requests in the engine's queue this picker did not
 // send, counted at each scrape) leaves prefill the same way between
@@ -88,43 +62,38 @@ type ledger struct {
 	// it.
 	counterKnown bool
 	counter      float64
-	// tail is the end of the engine's line in the counter's units (the
-	// counter's value once everything it holds and we sent since is
-	// prefilled); seen is how far past the counter the last fresh scrape
-	// saw the line end (the engine's own queue, without our grants since);
-	// own is the end of the line of our own grants alone; tailAt is when
-	// the tail was last moved.
-	tail, seen, own float64
-	tailAt          int64
-	// predictedTo is the furthest place prediction released a grant at:
-	// the line reaches at least that far until the counter has.
-	predictedTo float64
-	// strangerRate is the learned rate, in prompt tokens per second, at
-	// which requests we did not send join the engine's line (other
-	// replicas, clients that bypass the picker; learnStrangers). sent is
-	// the prompt tokens we sent (cumulative), sentAtScrape its value at
-	// the last fresh scrape.
-	// joined and joinedSecs are the moving means of the tokens that
-	// joined from elsewhere between two scrapes and of the scrapes'
-	// interval.
-	strangerRate       float64
-	sent, sentAtScrape float64
-	joined, joinedSecs float64
+	// unobserved is raw prompt tokens the picker counts as prefilled that
+	// the counter has not shown yet: grants confirmed by a first byte (the
+	// engine counts them too) and grants released by prediction. The
+	// counter's growth pays it off before it credits awaiting grants, so
+	// no prompt is counted twice, even when the engine reaches it only
+	// after a later scrape.
+	unobserved uint64
+	// credit is prefilled tokens attributed to the oldest awaiting grant
+	// but not yet enough to cover its prompt.
+	credit uint64
 	// rate is the learned prefill rate in prompt tokens per second, as the
 	// counter counts them (0: not learned yet). It is measured over
 	// windows of at least rateWindow starting at winAt with the counter
 	// at winCounter; winBusy says the engine had requests waiting at
 	// every scrape of the window so far.
 	rate float64
-	// share is the part of the engine's waiting queue that may be ours,
-	// in (0, 1]: 1 while it holds no more requests than we may have
-	// there, else ours / (ours + strangers) at the last fresh scrape. The
-	// strangers leave prefill between scrapes at the rest of the rate
-	// (predictStrangers).
+	// share is the part of the engine's prefill that is ours, in (0, 1]:
+	// 1 while the engine's waiting queue holds no more requests than we
+	// may have there, else ours / (ours + strangers) at the last fresh
+	// scrape. Another replica in front of the same engine (or a client
+	// that bypasses the picker) grows the same counter, and a first come,
+	// first served engine spends its prefill on everyone's requests in
+	// turn; without the share every replica would take the whole growth,
+	// and the whole rate, for its own grants and send twice what the
+	// engine can take.
 	share      float64
 	winAt      int64
 	winCounter float64
 	winBusy    bool
+	// anchor is when the oldest awaiting grant's prefill is assumed to
+	// have started: the last reconciliation or the last prediction.
+	anchor int64
 	// blind: the last fresh scrape had nothing to reconcile against
 	// (no request counts and no prompt-token counter).
 	blind bool
@@ -164,19 +133,7 @@ func (l *ledger) len() int { return len(l.awaiting) - l.head }
 // oldest is the oldest awaiting grant (the ledger must not be empty).
 func (l *ledger) oldest() *Grant { return l.awaiting[l.head] }
 
-// push adds g to the queue in the order of the places: streams end in
-// about the order their grants were sent, but not exactly (four sent
-// together end in any order), and a grant's release must not wait for
-// one placed behind it. Insertion from the back: O(the grants g
-// overtakes).
-func (l *ledger) push(g *Grant) {
-	l.awaiting = append(l.awaiting, g)
-	i := len(l.awaiting) - 1
-	for ; i > l.head && g.placed && l.awaiting[i-1].placed && l.awaiting[i-1].place > g.place; i-- {
-		l.awaiting[i] = l.awaiting[i-1]
-	}
-	l.awaiting[i] = g
-}
+func (l *ledger) push(g *Grant) { l.awaiting = append(l.awaiting, g) }
 
 // pop removes the oldest awaiting grant and compacts the queue's storage
 // once half of it is spent.
@@ -230,44 +187,13 @@ func (c *Core) await(e *endpoint, g *Grant) {
 	if e.led.len() >= maxAwaiting {
 		c.confirm(e)
 	}
-	if !g.placed {
-		e.led.place(g, g.sentAt) // sent before the counter was known
-	}
 	if e.led.len() == 0 {
+		e.led.anchor = g.sentAt
+		e.led.credit = 0
 		c.awaitingEps = append(c.awaitingEps, e)
 	}
+
 	e.led.push(g)
-}
-
-// place gives g, sent to the endpoint, its place in the engine's line
-// (if the counter is known): the tail plus its prompt. Its own place is
-// where it would stand behind only our own grants: the engine cannot
-// have prefilled it before the counter got there.
-func (l *ledger) place(g *Grant, now int64) {
-	if !l.counterKnown {
-		return
-	}
-	l.join(float64(g.raw), now)
-	g.place, g.ownPlace, g.placed = l.tail, l.own, true
-
-}
-
-// join moves the engine's line on, at now, by a prompt of raw tokens that
-// joins it (one of ours, or a prompt the engine will count although it
-// does not prefill it: a disaggregated request's transferred KV cache, on
-// its decode pod), after the strangers that joined since the line was
-// last moved, at their learned rate.
-func (l *ledger) join(raw float64, now int64) {
-	l.sent += raw
-	if !l.counterKnown {
-		return
-	}
-	if now > l.tailAt {
-		l.tail += max(l.strangerRate, 0) * float64(now-l.tailAt) / 1e9
-		l.tailAt = now
-	}
-	l.tail = max(l.tail, l.counter) + raw
-	l.own = max(l.own, l.counter) + raw
 }
 
 // confirm releases e's oldest awaiting grant: the engine says, or the
@@ -300,22 +226,9 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 		}
 	}
 	if m.Has(podmetrics.PromptTokens) {
-		// The line ends past the counter by what the engine holds: its
-		// waiting requests, and what its running ones have left to
-		// prefill (at most a step's budget: the rest of them decode).
-		seen := 0.0
-		if m.Has(podmetrics.Waiting) {
-			seen = float64(max(m.Waiting, 0)) * float64(c.meanRaw)
-		}
-		if m.Has(podmetrics.Running) {
-			running := float64(max(m.Running, 0)) * float64(c.meanRaw)
-			if e.maxBatched > 0 {
-				running = min(running, float64(e.maxBatched))
-			}
-			seen += running
-		}
 		if l.counterKnown {
-			if m.PromptTokens < l.counter {
+			grew := m.PromptTokens - l.counter
+			if grew < 0 {
 				// The counter went back: the engine restarted, and the
 				// requests it held are gone with it; it may not be the
 				// engine it was, so the auto threshold starts over.
@@ -323,41 +236,32 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 					c.confirm(e)
 				}
 				e.auto.Reset(e.maxBatched)
-				l.startWindow(now, m.PromptTokens, busyNow)
-				l.tail, l.own, l.strangerRate, l.joined, l.joinedSecs, l.predictedTo = 0, 0, 0, 0, 0, 0
+				grew = 0
+				l.winAt, l.winCounter, l.winBusy = now, m.PromptTokens, busyNow
 			}
 			c.learnRate(l, m.PromptTokens, now, busyNow)
-			l.learnStrangers(m.PromptTokens, seen, now, prevAt)
-		} else {
-			l.startWindow(now, m.PromptTokens, busyNow)
-		}
-		l.counterKnown, l.counter, l.seen, l.sentAtScrape = true, m.PromptTokens, seen, l.sent
-		// Grants released by prediction that the counter has not
-		// reached are in the line, whether the engine shows them yet or
-		// they are still on their way to it.
-		l.tail, l.tailAt = max(l.counter+l.seen, l.predictedTo), now
-		for i := l.head; i < len(l.awaiting); i++ {
-			if g := l.awaiting[i]; !g.placed {
-				l.place(g, now) // sent before the counter was known
+			done := uint64(min(grew*l.share, math.MaxUint64/2))
+			paid := min(done, l.unobserved)
+			l.unobserved -= paid
+			done = done - paid + l.credit
+			for l.len() > 0 && l.oldest().raw <= done {
+				done -= l.oldest().raw
+				c.confirm(e)
 			}
+			l.credit = 0
+			if l.len() > 0 {
+				l.credit = min(done, l.oldest().raw)
+			}
+			l.anchor = now
+		} else {
+			l.winAt, l.winCounter, l.winBusy = now, m.PromptTokens, busyNow
 		}
-		for l.len() > 0 && l.oldest().place <= l.counter {
-			c.confirm(e)
-		}
+		l.counterKnown, l.counter = true, m.PromptTokens
 	}
 	if m.Has(podmetrics.Waiting | podmetrics.Running) {
 		held := max(0, m.Waiting+m.Running)
 		if held == 0 {
 			l.idleSeenAt = now
-		}
-		if held == 0 && l.counterKnown && scrapedBefore {
-			// An engine that holds nothing has prefilled every grant that
-			// reached it: those sent before the previous delivery whose
-			// own place the counter passed (their place was too far: the
-			// requests ahead were shorter than the mean).
-			for l.len() > 0 && l.oldest().sentAt < prevAt && l.oldest().ownPlace <= l.counter {
-				c.confirm(e)
-			}
 		}
 		switch {
 		case !m.Has(podmetrics.PromptTokens) && scrapedBefore:
@@ -368,6 +272,7 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 			// one may not have reached the engine when it was scraped.
 			for n := l.arrivedBefore(prevAt) - held; n > 0; n-- {
 				c.confirm(e)
+				l.credit = 0
 			}
 		case held > 0:
 			l.idleSince = -1
@@ -380,6 +285,10 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 			// failed).
 			for l.len() > 0 && now-max(l.oldest().sentAt, l.idleSince) >= idleRelease {
 				c.confirm(e)
+				l.credit = 0
+			}
+			if l.len() == 0 {
+				l.unobserved = 0 // it has counted all it will
 			}
 		}
 	}
@@ -406,8 +315,7 @@ func (c *Core) learnRate(l *ledger, counter float64, now int64, saturated bool) 
 	if dt < rateWindow {
 		return
 	}
-	secs := float64(dt) / 1e9
-	sample := (counter - l.winCounter) / secs
+	sample := (counter - l.winCounter) / (float64(dt) / 1e9)
 	switch {
 	case sample <= 0:
 	case l.rate == 0:
@@ -417,42 +325,8 @@ func (c *Core) learnRate(l *ledger, counter float64, now int64, saturated bool) 
 	case l.winBusy:
 		l.rate += rateEWMA * (sample - l.rate)
 	}
-	l.startWindow(now, counter, saturated)
-}
-
-// startWindow starts a rate window at now.
-func (l *ledger) startWindow(now int64, counter float64, saturated bool) {
 	l.winAt, l.winCounter, l.winBusy = now, counter, saturated
 }
-
-// learnStrangers folds one scrape into the strangers' rate: since the
-// previous scrape the line grew by the counter's growth plus the growth of
-// what the engine holds, and we sent part of that; the rest joined from
-// elsewhere. A scrape that lands while our prompts are on their way to
-// the engine shows less than that, the next one more: the rate is the
-// moving mean of the tokens over the moving mean of the intervals, so a
-// short interval that has our prompts not yet counted and a long one that
-// counts them cancel out. It is at least 0.
-func (l *ledger) learnStrangers(counter, seen float64, now, prevAt int64) {
-	if now <= prevAt {
-		return
-	}
-	joined := (counter - l.counter) + (seen - l.seen) - (l.sent - l.sentAtScrape)
-	secs := float64(now-prevAt) / 1e9
-	if l.joinedSecs == 0 {
-		l.joined, l.joinedSecs = joined, secs
-	} else {
-		l.joined += strangerEWMA * (joined - l.joined)
-		l.joinedSecs += strangerEWMA * (secs - l.joinedSecs)
-	}
-	l.strangerRate = max(0, l.joined/l.joinedSecs)
-}
-
-// strangerEWMA weighs a scrape's sample of the strangers' rate: about the
-// last three scrapes count, so the rate follows another replica's load
-// within a few tenths of a second, and one scrape's burst, or a request
-// the mean prompt miscounts, moves the line little.
-const strangerEWMA = 0.3
 
 // predict releases, at now, the awaiting grants the engine has had time
 // to prefill at its learned rate since the last reconciliation, oldest
@@ -462,13 +336,16 @@ func (c *Core) predict(now int64) {
 	keep := c.awaitingEps[:0]
 	for _, e := range c.awaitingEps {
 		l := &e.led
-		lead := c.predictionLead(e)
+		lead := uint64(float64(c.predictionLead(e)) * l.share)
 		for l.len() > 0 && !e.removed {
 			at, ok := l.nextPrefilled(lead)
 			if !ok || at > now {
 				break
 			}
-			l.predictedTo = max(l.predictedTo, l.oldest().place)
+			g := l.oldest()
+			l.unobserved += subSat(g.raw, l.credit)
+			l.credit = 0
+			l.anchor = at
 			c.confirm(e)
 		}
 		if e.removed {
@@ -526,31 +403,23 @@ func (c *Core) strangerPrefill(e *endpoint) (d int64, ok bool) {
 }
 
 // nextPrefilled is when the oldest awaiting grant's prefill is predicted
-// to end: when the counter, growing at the learned rate from the last
-// scrape (or from when the engine was last seen idle), reaches its place,
-// and not before it was sent and then prefilled. ok is false while no
-// rate or counter is known, and for a grant placed more than lead tokens
-// past the line the last scrape saw: then only the engine's own numbers
-// release it, so requests still on their way to the engine (which
-// prediction cannot see) never add up to more than that.
+// to end: it starts once the engine is done with the ones before it (the
+// anchor), not before it was sent, and not before the engine was last
+// seen idle. ok is false while no rate is known, and while prediction is
+// lead tokens or more ahead of the counter: then only the engine's own
+// numbers release grants, so requests still on their way to the engine
+// (which prediction cannot see) never add up to more than that.
 func (l *ledger) nextPrefilled(lead uint64) (at int64, ok bool) {
-	if l.rate <= 0 || l.len() == 0 || !l.counterKnown {
+	rate := l.rate * l.share
+	if rate <= 0 || l.len() == 0 {
 		return 0, false
 	}
 	g := l.oldest()
-	if !g.placed || g.sentAt < l.idleSeenAt {
-		// An engine seen holding nothing after the grant was sent had
-		// not received it then (a slow proxy, a held request): when its
-		// prefill starts is anyone's guess, so only the engine's own
-		// numbers release it.
+	need := subSat(g.raw, l.credit)
+	if l.unobserved+need > lead {
 		return 0, false
 	}
-	ahead := max(g.place-l.counter, 0)
-	if ahead > l.seen+float64(lead) {
-		return 0, false
-	}
-	at = max(l.scrapedAt, l.idleSeenAt) + int64(math.Ceil(ahead/l.rate*1e9))
-	return max(at, g.sentAt+int64(math.Ceil(float64(g.raw)/l.rate*1e9))), true
+	return max(l.anchor, g.sentAt, l.idleSeenAt) + int64(math.Ceil(float64(need)/rate*1e9)), true
 }
 
 // predictionLead is how far prediction may run ahead of e's counter, in
@@ -573,7 +442,7 @@ func (c *Core) predictionLead(e *endpoint) uint64 {
 // oldest awaiting grant or oldest unseen request.
 func (c *Core) nextPrediction() (at int64, ok bool) {
 	for _, e := range c.awaitingEps {
-		if t, tok := e.led.nextPrefilled(c.predictionLead(e)); tok && (!ok || t < at) {
+		if t, tok := e.led.nextPrefilled(uint64(float64(c.predictionLead(e)) * e.led.share)); tok && (!ok || t < at) {
 			at, ok = t, true
 		}
 	}
@@ -583,4 +452,11 @@ func (c *Core) nextPrediction() (at int64, ok bool) {
 		}
 	}
 	return at, ok
+}
+
+func subSat(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
 }

@@ -321,7 +321,6 @@ func (c *Core) decodeStage(g *Grant, r *Request, s *candidateSet) {
 	g.Engine = d.engine
 	d.inFlight++
 	d.peakOurs = max(d.peakOurs, d.ours())
-	d.led.join(float64(g.raw), g.sentAt) // the decode pod counts the transferred prompt
 }
 
 // handOver is a disaggregated grant's first response byte: the prefill
@@ -335,12 +334,15 @@ func (c *Core) handOver(g *Grant) {
 // leavePrefill ends a disaggregated grant's stay on its prefill pod, at
 // its first byte or, when the stream ends first, at its end (its charge
 // may then stay in the prefill pod's ledger until the engine confirms the
-// prefill).
+// prefill). The decode pod's engine counts the prompt in its prompt-token
+// counter too, when the KV cache has arrived: its ledger must not credit
+// that to a grant of its own (ledger.go).
 func (c *Core) leavePrefill(g *Grant) {
 	if p := g.ep; p.inFlight > 0 {
 		p.inFlight--
 	}
 	c.adapterDone(g, g.ep)
+	g.x.dec.led.unobserved += g.raw
 }
 
 // decodeLoad is what orders decode pods: fresh metrics first, then those
