@@ -51,7 +51,7 @@ func runTogether(t *testing.T, p *launch.EPP, sims []*launch.Sim, spec workload.
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	res, err := launch.RunTogether(ctx, t, []*launch.EPP{p}, sims, spec)
+	res, err := launch.RunTogether(ctx, t, p, sims, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
