@@ -157,10 +157,7 @@ func TestPoll(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	closedPort, err := FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	closedPort := refusingPort(t)
 	tests := []struct {
 		name    string
 		check   Check
@@ -181,20 +178,46 @@ func TestPoll(t *testing.T) {
 	}
 }
 
-func TestPollGivesUpWhenTheProcessExits(t *testing.T) {
-	p := startChild(t, "exit3")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// refusingPort returns a loopback port that refuses connections for the
+// whole test: a socket bound to it without listening (and without
+// SO_REUSEADDR) keeps every other process, including the test packages
+// running beside this one, from listening there. A port merely freed
+// before use can be taken by one of them in between (CI saw it once).
+func refusingPort(t *testing.T) int {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	err = Poll(context.Background(), p, "child", time.Minute, TCPOpen(addr))
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
+}
+
+func TestPollGivesUpWhenTheProcessExits(t *testing.T) {
+	p := startChild(t, "exit3")
+	addr := HostPort("127.0.0.1", refusingPort(t))
+	err := Poll(context.Background(), p, "child", time.Minute, TCPOpen(addr))
 	if err == nil || !strings.Contains(err.Error(), "exited") {
 		t.Fatalf("Poll = %v, want the exit reported", err)
 	}
 	err = WaitGRPCServing(context.Background(), p, addr, "readiness", nil, time.Minute)
 	if err == nil || !strings.Contains(err.Error(), "exited") {
 		t.Fatalf("WaitGRPCServing = %v, want the exit reported", err)
+	}
+}
+
+func TestRefusingPortCannotBeTaken(t *testing.T) {
+	port := refusingPort(t)
+	ln, err := net.Listen("tcp", HostPort("127.0.0.1", port))
+	if err == nil {
+		ln.Close()
+		t.Fatalf("listened on port %d held by refusingPort; another test package could take it too", port)
 	}
 }
