@@ -47,6 +47,30 @@ func TestParseBlocksHashesLikeTheSimulator(t *testing.T) {
 	}
 }
 
+// TestParseOutputTokens: the ticket's expected output is the osl hint,
+// else max_completion_tokens or max_tokens, else unknown.
+func TestParseOutputTokens(t *testing.T) {
+	tests := []struct {
+		body string
+		want uint64
+	}{
+		{`{"prompt":"x"}`, 0},
+		{`{"prompt":"x","max_tokens":300}`, 300},
+		{`{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":40,"max_tokens":300}`, 40},
+		{`{"prompt":"x","max_tokens":300,"nvext":{"agent_hints":{"osl":120}}}`, 120},
+		{`{"prompt":"x","max_tokens":"lots"}`, 0},
+	}
+	for _, tt := range tests {
+		tk := sched.Ticket{OutputTokens: 99} // a recycled ticket: Parse must overwrite it
+		if err := (BodyParser{}).Parse(&extproc.Request{Body: []byte(tt.body)}, &tk); err != nil {
+			t.Fatalf("%s: %v", tt.body, err)
+		}
+		if tk.OutputTokens != tt.want {
+			t.Errorf("%s: OutputTokens %d, want %d", tt.body, tk.OutputTokens, tt.want)
+		}
+	}
+}
+
 // countingTokenizer checks that the parser uses the configured Tokenizer.
 type countingTokenizer struct{ n int }
 

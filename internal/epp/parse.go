@@ -89,4 +89,14 @@ func (BodyParser) applyHints(req *extproc.Request, t *sched.Ticket, f *tokenize.
 	t.Priority = h.Priority
 	t.HasPriority = h.HasPriority
 	t.Strict = h.StrictPriority
+	// The expected output, for the auto threshold: the osl hint says what
+	// the client expects, a max_tokens only bounds it.
+	switch {
+	case h.HasOSL:
+		t.OutputTokens = uint64(h.OSL)
+	case f.HasMaxTokens:
+		t.OutputTokens = uint64(f.MaxTokens)
+	default:
+		t.OutputTokens = 0
+	}
 }

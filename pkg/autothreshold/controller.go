@@ -1,6 +1,7 @@
 package autothreshold
 
 import (
+	"math"
 	"time"
 )
 
@@ -69,6 +70,16 @@ type Sample struct {
 	// KVUsage is the engine's KV cache usage, 0..1, when HasKV.
 	KVUsage float64
 	HasKV   bool
+	// KVTokens is the engine's KV cache in tokens (its block count times
+	// its block size; 0: unknown).
+	KVTokens uint64
+	// AskedOutput is the mean output the requests the picker dispatches
+	// asked for (their max_tokens or osl hint; 0: none said).
+	AskedOutput uint64
+	// GenerationTokens and Finished are the engine's counters of output
+	// tokens generated and requests finished, when HasOutput.
+	GenerationTokens, Finished float64
+	HasOutput                  bool
 }
 
 // Move is what one observation did to the threshold.
@@ -114,6 +125,13 @@ type Controller struct {
 	freeAll  bool // the engine had free sequences and cache at every scrape of the window
 	kvFull   bool // the engine's KV cache was full at every scrape of the window
 	canJudge bool // every sample of the window had the waiting count
+
+	// The engine's mean output per finished request: decayed sums of the
+	// output counters' growth over decision windows (gen/fin), from the
+	// counters as last seen (lastGen, lastFin; hasLast).
+	gen, fin         float64
+	lastGen, lastFin float64
+	hasLast          bool
 }
 
 // New returns a controller for an endpoint with step budget budget (its
@@ -138,6 +156,7 @@ func (c *Controller) Reset(budget uint64) {
 	}
 	c.open = false
 	c.slots = 0
+	c.gen, c.fin, c.hasLast = 0, 0, false
 }
 
 // Budget is the step budget the controller was reset for (0: unknown).
@@ -186,12 +205,24 @@ func (c *Controller) Observe(s Sample) Move {
 		return Hold
 	}
 	c.open = false
+	c.foldOutput(s)
 	if !c.canJudge {
 		return Hold
 	}
 	p := max(s.MeanPrompt, 1)
 	band := c.Band(p)
+	// The decode-bound level (see the package documentation): the
+	// threshold that lets the engine take in what its decodes free, when
+	// that is below the start.
+	bound, decodeBound := c.decodeBound(s, p)
 	switch {
+	case decodeBound && c.t > satAdd(bound, p):
+		// The requests will fill the engine's cache before its step
+		// budget: prompts beyond what it frees per step would wait in
+		// it, in its order. One prompt of slack keeps the mean's jitter
+		// from moving the threshold.
+		c.t = bound
+		return Lower
 	case c.kvFull && c.minW >= 1:
 		// The engine's cache was full and its queue held requests all
 		// window long: it admits only as its cache frees, in its own
@@ -226,6 +257,9 @@ func (c *Controller) Observe(s Sample) Move {
 		ceiling := c.hi
 		if !c.idleAll {
 			ceiling = max(c.start, c.t)
+			if decodeBound {
+				ceiling = max(bound, c.t)
+			}
 		}
 		target := min(satAdd(c.t, step), ceiling)
 		if target > c.t {
@@ -234,6 +268,62 @@ func (c *Controller) Observe(s Sample) Move {
 		}
 	}
 	return Hold
+}
+
+// MinFinished is the decayed count of finished requests from which the
+// engine's own mean output is trusted.
+const MinFinished = 4
+
+// foldOutput adds the output counters' growth since the last decision to
+// the decayed sums (each window weighs 7/8 of the one before). A counter
+// that went back (a restart) starts the sums over.
+func (c *Controller) foldOutput(s Sample) {
+	if !s.HasOutput {
+		c.gen, c.fin, c.hasLast = 0, 0, false
+		return
+	}
+	if c.hasLast && s.GenerationTokens >= c.lastGen && s.Finished >= c.lastFin {
+		c.gen = c.gen*7/8 + (s.GenerationTokens - c.lastGen)
+		c.fin = c.fin*7/8 + (s.Finished - c.lastFin)
+	} else {
+		c.gen, c.fin = 0, 0
+	}
+	c.lastGen, c.lastFin, c.hasLast = s.GenerationTokens, s.Finished, true
+}
+
+// Output is the mean output per request the controller expects: what the
+// requests asked for, or what the engine's finished requests generated
+// when that is less (a max_tokens is a bound, and clients often set it
+// far above what they get). 0 without both (no prediction).
+func (c *Controller) Output(asked uint64) uint64 {
+	if asked == 0 || !c.hasLast {
+		return 0
+	}
+	if c.fin >= MinFinished {
+		seen := uint64(math.Ceil(c.gen / c.fin))
+		return max(min(asked, seen), 1)
+	}
+	return asked
+}
+
+// decodeBound returns the decode-bound level D and whether it applies.
+// With K the engine's cache in tokens and O the expected output, the
+// engine holds at most N = K/(p+O) requests, finishes N/O of them per
+// step once full, and so takes in x = p·N/O prompt tokens per step; the
+// busy test lets one prompt past the threshold, so D = max(x − p, lo).
+// It applies when x is below the start (the cache, not the step budget,
+// bounds the engine).
+func (c *Controller) decodeBound(s Sample, p uint64) (uint64, bool) {
+	o := c.Output(s.AskedOutput)
+	if o == 0 || s.KVTokens == 0 || c.budget == 0 {
+		return 0, false
+	}
+	n := s.KVTokens / satAdd(p, o)
+	x := satMul(p, n) / o
+	if x >= c.start {
+		return 0, false
+	}
+	return max(subSat(x, p), c.lo), true
 }
 
 func satMul(a, b uint64) uint64 {

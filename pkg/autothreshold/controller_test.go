@@ -86,6 +86,23 @@ func TestRule(t *testing.T) {
 		{name: "cache with room, a queue inside the band: hold",
 			budget: 8192, s: Sample{Waiting: 2, HasWaiting: true, Running: 150, HasRunning: true, Load: 4000, MeanPrompt: 1000, Held: true, KVUsage: 0.5, HasKV: true},
 			move: Hold, want: 7168},
+		// The decode-bound level: 262,144 tokens of cache hold 229
+		// requests of 1,000 + 140; finishing 229/140 per step they take in
+		// 1,635 prompt tokens a step, so D = 1,635 − 1,000.
+		{name: "decode-bound: the cache bounds the engine before its step budget: lower to its level",
+			budget: 8192, s: decodeSample(1000, 140), move: Lower, want: 635},
+		{name: "decode-bound: within one prompt of the level, hold",
+			budget: 8192, start: 1600, s: decodeSample(1000, 140), move: Hold, want: 1600},
+		{name: "decode-bound: a starved engine is raised to the level, not past it",
+			budget: 8192, start: 512, s: decodeSample(1000, 140), move: Raise, want: 635},
+		{name: "short outputs: the step budget bounds the engine, no decode-bound level",
+			budget: 8192, s: decodeSample(512, 16), move: Hold, want: 7168},
+		{name: "no output counters: no prediction the engine could correct",
+			budget: 8192, s: func() Sample { s := decodeSample(1000, 140); s.HasOutput = false; return s }(), move: Hold, want: 7168},
+		{name: "no cache size: no prediction",
+			budget: 8192, s: func() Sample { s := decodeSample(1000, 140); s.KVTokens = 0; return s }(), move: Hold, want: 7168},
+		{name: "no output asked: no prediction",
+			budget: 8192, s: decodeSample(1000, 0), move: Hold, want: 7168},
 		{name: "no waiting count: hold",
 			budget: 8192, start: 4096, s: Sample{Waiting: 0, HasRunning: true, Load: 8192, MeanPrompt: 512, Held: true},
 			move: Hold, want: 4096},
@@ -107,6 +124,50 @@ func TestRule(t *testing.T) {
 				t.Fatalf("move %v threshold %d, want %v %d", m, c.Threshold(), tt.move, tt.want)
 			}
 		})
+	}
+}
+
+// decodeSample is an engine early in a load whose requests (prompt p,
+// asking for o output tokens) will fill its cache: it admits everything
+// (no queue), runs some, its cache is far from full, and the picker holds
+// more.
+func decodeSample(p, o uint64) Sample {
+	return Sample{Waiting: 0, HasWaiting: true, Running: 20, HasRunning: true, Load: 7168, MeanPrompt: p, Held: true,
+		KVUsage: 0.1, HasKV: true, KVTokens: 262144, AskedOutput: o, HasOutput: true}
+}
+
+// A client that sets max_tokens far above what it gets makes the engine
+// look decode-bound; the engine's own output counters correct it once
+// requests finish, and the threshold climbs back to the start.
+func TestEngineOutputCorrectsAGenerousMaxTokens(t *testing.T) {
+	c := New(8192)
+	s := decodeSample(512, 2048)
+	m, at := feed(c, 0, s)
+	if m != Lower || c.Threshold() != 512 {
+		t.Fatalf("asked 2048: %v to %d, want lower to the floor 512", m, c.Threshold())
+	}
+	// Each window the engine finishes 10 requests of 16 tokens.
+	windows := 0
+	for c.Threshold() < 7168 && windows < 40 {
+		s.GenerationTokens += 160
+		s.Finished += 10
+		m, at = feed(c, at, s)
+		windows++
+		if m == Lower {
+			t.Fatalf("window %d: lowered to %d after the engine showed 16-token outputs", windows, c.Threshold())
+		}
+	}
+	if c.Threshold() != 7168 || windows > 14 {
+		t.Fatalf("threshold %d after %d windows, want back at the start 7168 within 14", c.Threshold(), windows)
+	}
+	if got := c.Output(2048); got != 16 {
+		t.Fatalf("Output(2048) = %d, want the engine's 16", got)
+	}
+	// A restart (the counters went back) forgets the engine's figure.
+	s.GenerationTokens, s.Finished = 0, 0
+	feed(c, at, s)
+	if got := c.Output(2048); got != 2048 {
+		t.Fatalf("after the counters went back, Output(2048) = %d, want the asked 2048", got)
 	}
 }
 
@@ -225,11 +286,13 @@ func FuzzInvariants(f *testing.F) {
 	f.Add(uint64(8192), []byte{0, 0, 0, 0, 0, 0, 0, 0, 20, 20, 20, 20, 20, 20, 1, 2, 3})
 	f.Add(uint64(0), []byte{9, 9, 9, 9, 9, 9, 9, 0, 0, 0})
 	f.Add(uint64(256), []byte{255, 1, 255, 1, 0, 0, 0, 0, 0})
+	f.Add(uint64(8192), []byte{0x89, 64, 0x89, 64, 0x89, 64, 0x89, 64, 0x89, 64, 0x89, 64, 0x89, 70, 0x89, 70})
 	f.Fuzz(func(t *testing.T, budget uint64, ops []byte) {
 		budget %= 1 << 24
 		c := New(budget)
 		lo, hi := c.Bounds()
 		at := int64(0)
+		var gen, fin float64
 		for i := 0; i+1 < len(ops); i += 2 {
 			op, arg := ops[i], ops[i+1]
 			if op == 255 {
@@ -244,6 +307,13 @@ func FuzzInvariants(f *testing.F) {
 				Load: uint64(arg) * uint64(op) * 37, MeanPrompt: uint64(op>>5) * 300,
 				Held: op&0x08 != 0, Running: int(arg>>6) - 1, HasRunning: op&0x20 == 0,
 				KVUsage: float64(arg%11) / 10, HasKV: op&0x40 == 0,
+			}
+			if op&0x80 != 0 { // a cache size, asked outputs and the engine's output counters
+				s.KVTokens = uint64(arg) << 12
+				s.AskedOutput = uint64(op&7) * uint64(arg) * 3
+				gen += float64(arg % 32 * 40)
+				fin += float64(arg % 7)
+				s.GenerationTokens, s.Finished, s.HasOutput = gen, fin, op&0x04 == 0
 			}
 			before := c.Threshold()
 			m := c.Observe(s)
@@ -261,8 +331,14 @@ func FuzzInvariants(f *testing.F) {
 			if s.HasKV && s.KVUsage >= KVFull && after > before {
 				t.Fatalf("op %d: raised %d -> %d with the cache full (%.2f)", i, before, after, s.KVUsage)
 			}
-			if s.HasWaiting && s.Waiting == 0 && s.Held && after < before {
-				t.Fatalf("op %d: lowered %d -> %d while the engine idled with work held", i, before, after)
+			// An engine with no queue and work held is lowered only to the
+			// decode-bound level, what its decodes free per step.
+			bound, decodeBound := c.decodeBound(s, p)
+			if s.HasWaiting && s.Waiting == 0 && s.Held && after < before && (!decodeBound || after != bound) {
+				t.Fatalf("op %d: lowered %d -> %d while the engine queued nothing with work held (decode-bound %t at %d)", i, before, after, decodeBound, bound)
+			}
+			if decodeBound && after > before && after > bound {
+				t.Fatalf("op %d: raised %d -> %d past the decode-bound level %d", i, before, after, bound)
 			}
 		}
 	})

@@ -184,6 +184,9 @@ type Engine struct {
 	// promptTokens counts the prompts whose prefill completed, as vLLM
 	// v1's prompt_tokens_total does.
 	promptTokens uint64
+	// finished counts the requests that finished (not aborted), as
+	// vLLM's request_success_total does.
+	finished uint64
 }
 
 // New returns an engine for cfg.
@@ -385,6 +388,7 @@ func (e *Engine) finish(s *Seq, now int64, out []Event) []Event {
 	s.state = Finished
 	s.generated = s.MaxTokens
 	s.Finish = now
+	e.finished++
 	e.release(s)
 	return append(out, Event{Kind: Done, Seq: s, At: now})
 }
@@ -498,6 +502,9 @@ type Stats struct {
 	Steps           int64
 	GeneratedTokens uint64
 	PromptTokens    uint64
+	// Finished counts the requests that finished, not aborted (vLLM's
+	// request_success_total).
+	Finished uint64
 	// UsedBlocks are held by running requests; CachedBlocks are idle
 	// blocks holding a cached prefix; TotalBlocks is the cache size.
 	UsedBlocks, CachedBlocks, TotalBlocks int
@@ -514,6 +521,7 @@ func (e *Engine) Stats() Stats {
 	return Stats{
 		Waiting: e.waiting.len(), Running: e.running, MaxRunning: e.maxRunning,
 		Steps: e.steps, GeneratedTokens: e.generated, PromptTokens: e.promptTokens,
+		Finished:   e.finished,
 		UsedBlocks: e.pool.used, CachedBlocks: e.pool.lruLen, TotalBlocks: e.pool.total,
 		LoRALoads: e.slots.loads,
 	}

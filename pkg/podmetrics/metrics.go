@@ -45,7 +45,7 @@ func ParseEngine(s string) (Engine, error) {
 }
 
 // Field names one value of Metrics; Metrics.Known is a set of them.
-type Field uint8
+type Field uint16
 
 // Fields of Metrics.
 const (
@@ -56,9 +56,11 @@ const (
 	NumBlocks
 	LoRA
 	PromptTokens
+	GenerationTokens
+	Finished
 )
 
-var fieldNames = [...]string{"waiting", "running", "kv_cache_usage", "block_size", "num_blocks", "lora", "prompt_tokens"}
+var fieldNames = [...]string{"waiting", "running", "kv_cache_usage", "block_size", "num_blocks", "lora", "prompt_tokens", "generation_tokens", "finished"}
 
 // String lists the fields in the set, like "waiting|running".
 func (f Field) String() string {
@@ -72,7 +74,7 @@ func (f Field) String() string {
 		}
 	}
 	if rest := f &^ (1<<len(fieldNames) - 1); rest != 0 {
-		parts = append(parts, fmt.Sprintf("Field(%#x)", uint8(rest)))
+		parts = append(parts, fmt.Sprintf("Field(%#x)", uint16(rest)))
 	}
 	return strings.Join(parts, "|")
 }
@@ -102,6 +104,14 @@ type Metrics struct {
 	// request leaves prefill. It is the ground truth the picker reconciles
 	// its own prefill accounting against; TRT-LLM serve exports none.
 	PromptTokens float64
+	// GenerationTokens is the engine's counter of output tokens it
+	// generated, and Finished its counter of requests it finished (vLLM's
+	// generation_tokens_total and request_success_total, SGLang's
+	// generation_tokens_total and num_requests_total; summed over the
+	// page's series and labels). Their growth gives the mean output of
+	// the requests the engine finishes, which the auto threshold weighs
+	// against what the requests asked for (pkg/autothreshold).
+	GenerationTokens, Finished float64
 }
 
 // Has reports whether every field in f is known.

@@ -90,7 +90,8 @@ func TestParseLiveSimulator(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	want := podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks | podmetrics.PromptTokens
+	want := podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks | podmetrics.PromptTokens |
+		podmetrics.GenerationTokens | podmetrics.Finished
 	if m.Known != want {
 		t.Fatalf("known fields %v, want %v", m.Known, want)
 	}

@@ -26,6 +26,8 @@ const (
 	roleBlockSize // TRT-LLM: block size as the value
 	roleLoRA
 	rolePromptTokens // counter: prompt tokens past prefill
+	roleGenTokens    // counter: output tokens generated
+	roleFinished     // counter: requests finished
 	numRoles
 )
 
@@ -48,6 +50,10 @@ func roleOf(e Engine, name []byte) role {
 			return roleLoRA
 		case "vllm:prompt_tokens_total":
 			return rolePromptTokens
+		case "vllm:generation_tokens_total":
+			return roleGenTokens
+		case "vllm:request_success_total":
+			return roleFinished
 		}
 	case EngineSGLang:
 		switch string(name) {
@@ -61,6 +67,10 @@ func roleOf(e Engine, name []byte) role {
 			return roleCacheInfo
 		case "sglang:prompt_tokens_total":
 			return rolePromptTokens
+		case "sglang:generation_tokens_total":
+			return roleGenTokens
+		case "sglang:num_requests_total":
+			return roleFinished
 		}
 	case EngineTRTLLM:
 		switch string(name) {
@@ -449,7 +459,7 @@ func (p *parser) record(r role, v float64) {
 			p.bad[r] = true
 		}
 		p.sum[r] += v
-	case rolePromptTokens:
+	case rolePromptTokens, roleGenTokens, roleFinished:
 		if math.IsNaN(v) || v < 0 || math.IsInf(v, 0) {
 			p.bad[r] = true
 		}
@@ -527,6 +537,14 @@ func (p *parser) result() Metrics {
 	if usable(rolePromptTokens) && !math.IsInf(p.sum[rolePromptTokens], 0) {
 		m.PromptTokens = p.sum[rolePromptTokens]
 		m.Known |= PromptTokens
+	}
+	if usable(roleGenTokens) && !math.IsInf(p.sum[roleGenTokens], 0) {
+		m.GenerationTokens = p.sum[roleGenTokens]
+		m.Known |= GenerationTokens
+	}
+	if usable(roleFinished) && !math.IsInf(p.sum[roleFinished], 0) {
+		m.Finished = p.sum[roleFinished]
+		m.Known |= Finished
 	}
 	if p.lora && !p.excluded[roleLoRA] {
 		m.LoRA = LoRAInfo{

@@ -140,8 +140,20 @@ func refParse(e Engine, page []byte) (_ Metrics, err error) {
 	if out.NumBlocks > 0 {
 		out.Known |= NumBlocks
 	}
-	prompt := map[Engine]string{EngineVLLM: "vllm:prompt_tokens_total", EngineSGLang: "sglang:prompt_tokens_total"}[e]
-	if vals, _, ok := samples(prompt); ok {
+	counters := []struct {
+		names map[Engine]string
+		dst   *float64
+		field Field
+	}{
+		{map[Engine]string{EngineVLLM: "vllm:prompt_tokens_total", EngineSGLang: "sglang:prompt_tokens_total"}, &out.PromptTokens, PromptTokens},
+		{map[Engine]string{EngineVLLM: "vllm:generation_tokens_total", EngineSGLang: "sglang:generation_tokens_total"}, &out.GenerationTokens, GenerationTokens},
+		{map[Engine]string{EngineVLLM: "vllm:request_success_total", EngineSGLang: "sglang:num_requests_total"}, &out.Finished, Finished},
+	}
+	for _, c := range counters {
+		vals, _, ok := samples(c.names[e])
+		if !ok {
+			continue
+		}
 		sum := 0.0
 		for _, v := range vals {
 			if math.IsNaN(v) || v < 0 || math.IsInf(v, 0) {
@@ -150,8 +162,8 @@ func refParse(e Engine, page []byte) (_ Metrics, err error) {
 			sum += v
 		}
 		if ok && !math.IsInf(sum, 0) {
-			out.PromptTokens = sum
-			out.Known |= PromptTokens
+			*c.dst = sum
+			out.Known |= c.field
 		}
 	}
 	if vals, labels, ok := samples(names[6]); ok {
@@ -196,8 +208,9 @@ func TestParseRealPages(t *testing.T) {
 		want   Metrics
 	}{
 		{"vllm_modelsim.txt", EngineVLLM, Metrics{
-			Known:   Waiting | Running | KVCacheUsage | BlockSize | NumBlocks | LoRA | PromptTokens,
+			Known:   Waiting | Running | KVCacheUsage | BlockSize | NumBlocks | LoRA | PromptTokens | GenerationTokens | Finished,
 			Waiting: 0, Running: 0, KVCacheUsage: 0, BlockSize: 16, NumBlocks: 2048, PromptTokens: 14,
+			GenerationTokens: 5, Finished: 2,
 			LoRA: LoRAInfo{MaxLoRA: 2, UpdatedAt: 1.796021297909072e+09},
 		}},
 		{"sglang.txt", EngineSGLang, Metrics{
@@ -273,6 +286,10 @@ func TestParseRules(t *testing.T) {
 			want: Metrics{Known: BlockSize | NumBlocks | LoRA, BlockSize: 16, NumBlocks: 8, LoRA: LoRAInfo{UpdatedAt: 7}}},
 		{name: "prompt token counters summed", page: "vllm:prompt_tokens_total{engine=\"0\"} 1024\nvllm:prompt_tokens_total{engine=\"1\"} 512\n",
 			want: Metrics{Known: PromptTokens, PromptTokens: 1536}},
+		{name: "finished requests summed over reasons", page: "vllm:request_success_total{finished_reason=\"length\"} 3\nvllm:request_success_total{finished_reason=\"stop\"} 4\nvllm:generation_tokens_total 700\n",
+			want: Metrics{Known: Finished | GenerationTokens, Finished: 7, GenerationTokens: 700}},
+		{name: "sglang output counters", engine: EngineSGLang, page: "sglang:generation_tokens_total 640\nsglang:num_requests_total 5\n",
+			want: Metrics{Known: Finished | GenerationTokens, Finished: 5, GenerationTokens: 640}},
 		{name: "negative prompt token counter is unknown", page: "vllm:prompt_tokens_total -5\n", want: Metrics{}},
 		{name: "sglang prompt token counter", engine: EngineSGLang, page: "sglang:prompt_tokens_total 9e3\n",
 			want: Metrics{Known: PromptTokens, PromptTokens: 9000}},
@@ -438,8 +455,9 @@ func TestPage200(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Metrics{Known: Waiting | Running | KVCacheUsage | BlockSize | NumBlocks | LoRA | PromptTokens, Waiting: 34, Running: 8,
-		KVCacheUsage: 0.4375, BlockSize: 16, NumBlocks: 27802, LoRA: LoRAInfo{MaxLoRA: 2, UpdatedAt: 1.7e9}, PromptTokens: 2 * 987654}
+	want := Metrics{Known: Waiting | Running | KVCacheUsage | BlockSize | NumBlocks | LoRA | PromptTokens | GenerationTokens, Waiting: 34, Running: 8,
+		KVCacheUsage: 0.4375, BlockSize: 16, NumBlocks: 27802, LoRA: LoRAInfo{MaxLoRA: 2, UpdatedAt: 1.7e9}, PromptTokens: 2 * 987654,
+		GenerationTokens: 2 * 987654}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Parse = %+v\nwant    %+v", got, want)
 	}

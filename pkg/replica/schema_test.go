@@ -77,6 +77,7 @@ func TestEncodingMatchesTheSchema(t *testing.T) {
 		{"ticket.has_ranks", get(ticket, "has_ranks").Bool(), true},
 		{"ticket.tenant", get(ticket, "tenant").String(), tk.Tenant},
 		{"ticket.waited_nanos", get(ticket, "waited_nanos").Uint(), uint64(tk.Waited)},
+		{"ticket.output_tokens", get(ticket, "output_tokens").Uint(), tk.OutputTokens},
 		{"long ticket's hashes", get(long, "blocks").List().Len(), 226},
 		{"release.id", get(release, "id").Uint(), uint64(42)},
 		{"release.event", get(release, "event").Uint(), uint64(EventDone)},

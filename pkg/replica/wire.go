@@ -151,6 +151,7 @@ const (
 	ticketHasRanks    = 16
 	ticketTenant      = 17
 	ticketWaitedNanos = 18
+	ticketOutput      = 19
 
 	releaseID    = 1
 	releaseEvent = 2
@@ -314,7 +315,8 @@ func (tk *Ticket) append(dst []byte) []byte {
 	dst = appendSigned(dst, ticketRankHi, int64(t.RankHi))
 	dst = appendBool(dst, ticketHasRanks, t.HasRanks)
 	dst = appendString(dst, ticketTenant, t.Tenant)
-	return appendVarint(dst, ticketWaitedNanos, uint64(max(0, t.Waited)))
+	dst = appendVarint(dst, ticketWaitedNanos, uint64(max(0, t.Waited)))
+	return appendVarint(dst, ticketOutput, t.OutputTokens)
 }
 
 func (d *Decision) append(dst []byte) []byte {
@@ -506,6 +508,8 @@ func (tk *Ticket) decode(b []byte) error {
 			t.HasRanks = v != 0
 		case ticketWaitedNanos:
 			t.Waited = time.Duration(min(v, math.MaxInt64))
+		case ticketOutput:
+			t.OutputTokens = v
 		}
 		return nil
 	})

@@ -22,6 +22,7 @@ func fullTicket() *sched.Ticket {
 	t.Allow, t.HasAllow = []string{"10.0.0.1:8000", "10.0.0.2"}, true
 	t.RankLo, t.RankHi, t.HasRanks = 1, 3, true
 	t.Waited = 1500 * time.Millisecond
+	t.OutputTokens = 300
 	return t
 }
 

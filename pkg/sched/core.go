@@ -75,6 +75,11 @@ const MaxEngineBlockSize = 256
 // in an engine before this picker dispatched any request of its own.
 const unseenRequestSeed = 1024
 
+// maxOutputTokens bounds a ticket's OutputTokens as the core reads it: no
+// engine generates more than a context of a few million tokens, and a
+// client's max_tokens of 2^63 must not overflow the mean.
+const maxOutputTokens = 1 << 24
+
 // Core is the scheduling state machine (see the package documentation).
 // The zero value is not usable; create one with New. One goroutine owns it.
 type Core struct {
@@ -110,6 +115,7 @@ type Core struct {
 	baseBS     int             // PrefixOptions.BlockSize
 	hashBS     int             // the block size parsers should hash at
 	meanPrompt uint64          // moving mean of dispatched uncached tokens
+	meanOutput uint64          // moving mean of dispatched OutputTokens that were given (0: none yet)
 	hasAuto    bool            // some class of the policy has an auto threshold
 }
 

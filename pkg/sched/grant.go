@@ -289,6 +289,14 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	}
 	// The unseen-load estimate: a moving mean (1/16) of what we dispatch.
 	c.meanPrompt = c.meanPrompt - c.meanPrompt/16 + g.prefill/16
+	// The expected output, for the auto threshold's cache prediction: a
+	// moving mean (1/16) of what the requests that said asked for.
+	if o := min(r.Ticket.OutputTokens, maxOutputTokens); o > 0 {
+		if c.meanOutput == 0 {
+			c.meanOutput = o
+		}
+		c.meanOutput = c.meanOutput - c.meanOutput/16 + o/16
+	}
 	var wait time.Duration
 	if queued {
 		wait = time.Duration(now - r.arrival)

@@ -142,6 +142,17 @@ func (c *Core) observeAuto(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 		Load: load, MeanPrompt: c.meanPrompt,
 		Held:    c.q.Len() > 0 && load > e.auto.Threshold(),
 		KVUsage: m.KVCacheUsage, HasKV: m.Has(podmetrics.KVCacheUsage),
+		KVTokens: kvTokens(m), AskedOutput: c.meanOutput,
+		GenerationTokens: m.GenerationTokens, Finished: m.Finished,
+		HasOutput: m.Has(podmetrics.GenerationTokens | podmetrics.Finished),
 	})
 	return move != autothreshold.Hold
+}
+
+// kvTokens is the engine's KV cache in tokens, 0 when unknown.
+func kvTokens(m *podmetrics.Metrics) uint64 {
+	if !m.Has(podmetrics.NumBlocks | podmetrics.BlockSize) {
+		return 0
+	}
+	return drr.SaturatingMul(uint64(m.NumBlocks), uint64(m.BlockSize))
 }

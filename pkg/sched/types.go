@@ -144,6 +144,11 @@ type Ticket struct {
 	// lane, its wait budget and its reported wait count from its first
 	// arrival. 0 for a request that arrives now.
 	Waited time.Duration
+	// OutputTokens is how many tokens the request expects to generate:
+	// its nvext.agent_hints.osl, else its max_completion_tokens or
+	// max_tokens; 0 when it gave none. The auto threshold weighs it
+	// against the engine's cache (SPEC §5); nothing else reads it.
+	OutputTokens uint64
 	// Class is the resolved class index, set by the core.
 	Class int
 	// Rights are the tenant's rights under the policy in force, set by the

@@ -43,6 +43,7 @@ type extractor struct {
 
 	f     *Fields   // nil: only the prompt is read
 	hints hintState // nvext.agent_hints so far, for f
+	out   outState  // max_tokens and max_completion_tokens so far, for f
 	keyAt int       // offset of the top-level member's key being read, for f
 }
 
@@ -94,6 +95,7 @@ func Extract(dst []uint32, body []byte, f *Fields) ([]uint32, error) {
 	}
 	if f != nil {
 		f.Hints = e.hints.resolve()
+		e.out.resolve(f)
 	}
 	var s span
 	switch {

@@ -23,6 +23,13 @@ type Fields struct {
 	// Priority locates the top-level "priority" members, so a priority can
 	// be forwarded to the engine without reading the body again.
 	Priority PrioritySpans
+	// MaxTokens is the top-level max_completion_tokens or, without it,
+	// max_tokens, when HasMaxTokens: the most tokens the request may
+	// generate. Only a whole number in [0, 2^32-1] counts; any other
+	// value (a fraction, a string) is left to the engine to refuse and
+	// reads as absent, so the picker never refuses a body for it.
+	MaxTokens    uint32
+	HasMaxTokens bool
 }
 
 // AgentHints are the scheduling hints of nvext.agent_hints (SPEC §6), read
@@ -116,6 +123,19 @@ func (e *extractor) field(key []byte) error {
 			}
 			return e.skipValue()
 		}, func() { e.hints.set = 0 })
+	case "max_tokens", "max_completion_tokens":
+		v, ok, err := e.lenientCount()
+		bit := uint8(outMaxTokens)
+		if string(key) == "max_completion_tokens" {
+			bit = outMaxCompletion
+		}
+		if ok {
+			e.out.set |= bit
+			e.out.v[bit>>1] = v
+		} else {
+			e.out.set &^= bit
+		}
+		return err
 	case "priority":
 		e.skipWS()
 		start := e.i
@@ -192,6 +212,58 @@ func (e *extractor) agentHint(key []byte) error {
 		return e.wrongType("nvext.agent_hints.speculative_prefill", "bool")
 	}
 	return e.skipValue()
+}
+
+// Bits of outState.set; each bit >> 1 is its index in outState.v.
+const (
+	outMaxTokens     = 1
+	outMaxCompletion = 2
+)
+
+// outState holds the top-level max_tokens ([0]) and max_completion_tokens
+// ([1]) read so far.
+type outState struct {
+	set uint8
+	v   [2]uint32
+}
+
+// resolve puts the output bound in f: max_completion_tokens wins.
+func (o *outState) resolve(f *Fields) {
+	switch {
+	case o.set&outMaxCompletion != 0:
+		f.MaxTokens, f.HasMaxTokens = o.v[1], true
+	case o.set&outMaxTokens != 0:
+		f.MaxTokens, f.HasMaxTokens = o.v[0], true
+	}
+}
+
+// lenientCount reads any JSON value and reports it as a count when it is a
+// plain whole number in [0, 2^32-1]; any other value is skipped and reads
+// as absent (ok false). Only a malformed body is an error.
+func (e *extractor) lenientCount() (uint32, bool, error) {
+	e.skipWS()
+	start := e.i
+	if err := e.skipValue(); err != nil {
+		return 0, false, err
+	}
+	lit := e.b[start:e.i]
+	for len(lit) > 0 && (lit[len(lit)-1] == ' ' || lit[len(lit)-1] == '\t' || lit[len(lit)-1] == '\n' || lit[len(lit)-1] == '\r') {
+		lit = lit[:len(lit)-1]
+	}
+	if len(lit) == 0 || len(lit) > 10 {
+		return 0, false, nil
+	}
+	var v uint64
+	for _, c := range lit {
+		if c < '0' || c > '9' {
+			return 0, false, nil
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	if v > math.MaxUint32 {
+		return 0, false, nil
+	}
+	return uint32(v), true, nil
 }
 
 // readHint reads an integer hint of type T (int32 or uint32) or null into

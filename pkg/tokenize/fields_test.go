@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -24,8 +25,24 @@ func refFields(body []byte) (Fields, error) {
 		strict, osl       *uint32
 		spec              *bool
 	}
+	var maxTokens, maxCompletion *uint32
+	count := func(raw json.RawMessage) *uint32 {
+		if len(raw) == 0 || raw[0] < '0' || raw[0] > '9' {
+			return nil // a sign, a string, null: absent
+		}
+		v, err := strconv.ParseUint(string(raw), 10, 32)
+		if err != nil {
+			return nil // a fraction, an exponent, out of range: absent
+		}
+		u := uint32(v)
+		return &u
+	}
 	err := members(body, func(key string, keyAt int, raw json.RawMessage, start, end int) error {
 		switch key {
+		case "max_tokens":
+			maxTokens = count(raw)
+		case "max_completion_tokens":
+			maxCompletion = count(raw)
 		case "model":
 			return json.Unmarshal(raw, &f.Model)
 		case "priority":
@@ -81,6 +98,12 @@ func refFields(body []byte) (Fields, error) {
 	if h.spec != nil {
 		f.Hints.SpeculativePrefill, f.Hints.HasSpeculativePrefill = *h.spec, true
 	}
+	switch {
+	case maxCompletion != nil:
+		f.MaxTokens, f.HasMaxTokens = *maxCompletion, true
+	case maxTokens != nil:
+		f.MaxTokens, f.HasMaxTokens = *maxTokens, true
+	}
 	open := bytes.IndexByte(body, '{')
 	f.Priority.Open = open
 	f.Priority.Empty = len(bytes.TrimSpace(body[open+1:])) == 1
@@ -126,7 +149,8 @@ func members(obj []byte, fn func(key string, keyAt int, raw json.RawMessage, sta
 
 // sameFields compares Fields, treating nil and empty Values alike.
 func sameFields(a, b Fields) bool {
-	return a.Model == b.Model && a.Hints == b.Hints && a.Priority.Open == b.Priority.Open &&
+	return a.Model == b.Model && a.Hints == b.Hints && a.MaxTokens == b.MaxTokens && a.HasMaxTokens == b.HasMaxTokens &&
+		a.Priority.Open == b.Priority.Open &&
 		a.Priority.Empty == b.Priority.Empty && slices.Equal(a.Priority.Values, b.Priority.Values) &&
 		slices.Equal(a.Priority.Keys, b.Priority.Keys)
 }
@@ -215,6 +239,56 @@ func TestExtractFields(t *testing.T) {
 			}
 			if got.Model != tt.model || got.Hints != tt.hints {
 				t.Errorf("model %q hints %+v, want %q %+v", got.Model, got.Hints, tt.model, tt.hints)
+			}
+			if !sameFields(got, ref) {
+				t.Errorf("fields %+v, reference %+v", got, ref)
+			}
+		})
+	}
+}
+
+// TestExtractMaxTokens: the output bound is read leniently (a value the
+// picker cannot use reads as absent, never as an error: the engine judges
+// it), max_completion_tokens wins over max_tokens, and the last duplicate
+// of each wins.
+func TestExtractMaxTokens(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		want uint32
+		has  bool
+	}{
+		{"max_tokens", `{"prompt":"x","max_tokens":128}`, 128, true},
+		{"max_completion_tokens", `{"messages":[],"max_completion_tokens":64}`, 64, true},
+		{"completion wins, either order", `{"max_completion_tokens":64,"max_tokens":128}`, 64, true},
+		{"completion wins over a later max_tokens", `{"max_tokens":128,"max_completion_tokens":64}`, 64, true},
+		{"absent", `{"prompt":"x"}`, 0, false},
+		{"zero", `{"max_tokens":0}`, 0, true},
+		{"uint32 max", `{"max_tokens":4294967295}`, math.MaxUint32, true},
+		{"over uint32", `{"max_tokens":4294967296}`, 0, false},
+		{"null clears an earlier one", `{"max_tokens":5,"max_tokens":null}`, 0, false},
+		{"last duplicate wins", `{"max_tokens":5,"max_tokens":7}`, 7, true},
+		{"fraction is absent", `{"max_tokens":1.5}`, 0, false},
+		{"exponent is absent", `{"max_tokens":1e3}`, 0, false},
+		{"negative is absent", `{"max_tokens":-1}`, 0, false},
+		{"string is absent", `{"max_tokens":"12"}`, 0, false},
+		{"a bad completion bound falls back to max_tokens", `{"max_tokens":9,"max_completion_tokens":"x"}`, 9, true},
+		{"object is absent", `{"max_tokens":{"a":1}}`, 0, false},
+		{"whitespace around", `{"max_tokens" :  12  }`, 12, true},
+		{"nested is not top-level", `{"nvext":{"max_tokens":3}}`, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := extractFields(tt.body)
+			if err != nil {
+				t.Fatalf("Extract: %v", err)
+			}
+			if got.MaxTokens != tt.want || got.HasMaxTokens != tt.has {
+				t.Errorf("MaxTokens %d (has %t), want %d (has %t)", got.MaxTokens, got.HasMaxTokens, tt.want, tt.has)
+			}
+			ref, err := refFields([]byte(tt.body))
+			if err != nil {
+				t.Fatalf("reference: %v", err)
 			}
 			if !sameFields(got, ref) {
 				t.Errorf("fields %+v, reference %+v", got, ref)

@@ -394,12 +394,13 @@ func (r *run) admit(t int64, i int32) {
 	sl.grant = nil
 	sl.stage = stageWhole
 	sl.ticket = sched.Ticket{
-		Model:       q.Adapter,
-		ClassHeader: q.Class,
-		RawISL:      uint64(q.PromptTokens),
-		Priority:    q.Priority,
-		HasPriority: q.HasPriority,
-		Strict:      q.Strict,
+		Model:        q.Adapter,
+		ClassHeader:  q.Class,
+		RawISL:       uint64(q.PromptTokens),
+		Priority:     q.Priority,
+		HasPriority:  q.HasPriority,
+		Strict:       q.Strict,
+		OutputTokens: uint64(q.OutputTokens),
 	}
 	if r.trace.cacheable {
 		bs := r.core.BlockSize()
@@ -558,9 +559,11 @@ func (r *run) prefillEvent(ev engine.Event, sl *slot, o *Outcome) {
 func (r *run) scrape(now int64, s *server) {
 	st := s.eng.Stats()
 	m := podmetrics.Metrics{
-		Known:   podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks | podmetrics.PromptTokens,
+		Known: podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks |
+			podmetrics.PromptTokens | podmetrics.GenerationTokens | podmetrics.Finished,
 		Waiting: st.Waiting, Running: st.Running, KVCacheUsage: st.KVUsage(),
 		BlockSize: s.Engine.BlockSize, NumBlocks: s.Engine.NumGPUBlocks, PromptTokens: float64(st.PromptTokens),
+		GenerationTokens: float64(st.GeneratedTokens), Finished: float64(st.Finished),
 	}
 	if s.Engine.MaxLoRAs > 0 {
 		// modelsim exposes vllm:lora_requests_info only with --max-loras.
