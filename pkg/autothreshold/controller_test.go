@@ -160,6 +160,7 @@ func TestEngineOutputCorrectsAGenerousMaxTokens(t *testing.T) {
 	if c.Threshold() != 7168 || windows > 14 {
 		t.Fatalf("threshold %d after %d windows, want back at the start 7168 within 14", c.Threshold(), windows)
 	}
+	t.Logf("back at %d after %d windows", c.Threshold(), windows)
 	if got := c.Output(2048); got != 16 {
 		t.Fatalf("Output(2048) = %d, want the engine's 16", got)
 	}

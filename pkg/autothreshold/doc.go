@@ -52,9 +52,20 @@
 //     requests free their cache, in its own order, so a prompt waiting
 //     in it gains nothing over waiting in the picker; to p, and never
 //     above T − p;
+//   - lower to the decode-bound level D, when T is more than one prompt
+//     above it: with K the engine's cache in tokens and O the expected
+//     output, a full engine holds N = K/(p+O) requests, finishes N/O per
+//     step and takes in x = p·N/O prompt tokens a step; when x < S the
+//     cache, not the step budget, bounds the engine, and D = max(x − p,
+//     B/16) (the busy test lets one prompt past T). O is what the
+//     requests asked for (Sample.AskedOutput), or the engine's own mean
+//     output per finished request when that is less (Controller.Output:
+//     a max_tokens is a bound, often far above the output); no level
+//     without K, an asked output and the engine's output counters;
 //   - raise, when the picker held requests at every scrape of the window
 //     (the endpoint was busy for them) while the engine's waiting queue
-//     was empty at every one, by min(max(T/8, p), band/2): up to S if the
+//     was empty at every one, by min(max(T/8, p), band/2): up to S (to D
+//     while the decode-bound level applies) if the
 //     engine also had free sequences and cache at every scrape (fewer
 //     running than 15/16 of the most it ran while requests waited, KV
 //     usage below KVFull; an engine whose sequences or cache are all
@@ -85,13 +96,15 @@
 // window, a raise the cache below KVFull at every scrape of one; an
 // engine bound by its cache frees it only as its load falls, so that
 // reversal also needs a change of the load. So after a change of the engine or the load the threshold
-// makes at most one reversal and then holds, one window per move; a
+// makes at most one reversal and then holds, one window per move (the
+// decode-bound level adds one move to it, and raises stop at it); a
 // lower reaches the band in one move, and raises are multiplicative (from
 // B/16 back to S in at most 24 windows, 12 s; from a lowered level that
 // kept the engine busy, far fewer). Safety holds whatever the engine
 // does: the threshold never rises while the engine's queue is over the
 // band or its cache is full, never falls while the engine shows no waiting request and the
-// picker holds some (so the engine is not starved for longer than a
+// picker holds some, except to the decode-bound level, where the engine
+// is still offered what its decodes free per step (so the engine is not starved for longer than a
 // window plus a scrape at any level below S, nor while idle at any
 // level), and never leaves its bounds. Stale metrics make an endpoint
 // busy whatever its threshold (SPEC §9); the controller only reads fresh
