@@ -152,13 +152,15 @@ var (
 		"Requests this picker sent to an endpoint that have not finished.", []string{"endpoint"}, nil)
 	autoThresholdDesc = prometheus.NewDesc("laneway_endpoint_prefill_busy_threshold_tokens",
 		"The auto prefill busy threshold in force at an endpoint (classes with prefill_busy_threshold auto); absent when no class has one.", []string{"endpoint"}, nil)
+	expectedOutputDesc = prometheus.NewDesc("laneway_endpoint_expected_output_tokens",
+		"The output per request the auto threshold expects at an endpoint: what the requests asked for, or the engine's own mean once lower; 0 when it predicts nothing. Absent when no class has an auto threshold.", []string{"endpoint"}, nil)
 )
 
 // collector reads the dispatcher snapshot at scrape time.
 type collector Metrics
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pendingReqDesc, pendingISLDesc, pendingCachedDesc, deficitDesc, tenantsDesc, activePrefillDesc, inFlightDesc, autoThresholdDesc} {
+	for _, d := range []*prometheus.Desc{pendingReqDesc, pendingISLDesc, pendingCachedDesc, deficitDesc, tenantsDesc, activePrefillDesc, inFlightDesc, autoThresholdDesc, expectedOutputDesc} {
 		ch <- d
 	}
 }
@@ -186,6 +188,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(e.InFlight), e.Addr)
 		if e.HasAuto {
 			ch <- prometheus.MustNewConstMetric(autoThresholdDesc, prometheus.GaugeValue, float64(e.AutoThreshold), e.Addr)
+			ch <- prometheus.MustNewConstMetric(expectedOutputDesc, prometheus.GaugeValue, float64(e.ExpectedOutput), e.Addr)
 		}
 	}
 }

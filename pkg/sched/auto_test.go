@@ -3,6 +3,7 @@ package sched
 import (
 	"testing"
 
+	"github.com/laneway-dev/laneway/pkg/podmetrics"
 	"github.com/laneway-dev/laneway/pkg/policy"
 )
 
@@ -48,6 +49,41 @@ func TestAutoThreshold(t *testing.T) {
 	scrape(c, ms(1400), 0, 0, 0)
 	if e := endpointState(c); e.AutoThreshold != 7168 {
 		t.Fatalf("after a restart: threshold %d, want the start again", e.AutoThreshold)
+	}
+}
+
+// The requests' max_tokens reach the auto threshold through the core: an
+// engine whose 262,144-token cache 1,000-token prompts asking for 140
+// tokens will fill gets the decode-bound level from the first window, and
+// the snapshot shows the output it expects.
+func TestDecodeBoundThroughTheCore(t *testing.T) {
+	c := autoCore(t)
+	for i := 0; i < 3; i++ {
+		r := admit(c, ms(1), &Ticket{RawISL: 1000, OutputTokens: 140})
+		if l := c.Drain(ms(1)); len(l) != 1 || r.Grant() == nil {
+			t.Fatalf("request %d: %v, want a grant", i, l)
+		}
+	}
+	if e := endpointState(c); e.ExpectedOutput != 0 {
+		t.Fatalf("before a window with the engine's output counters: expected output %d, want 0", e.ExpectedOutput)
+	}
+	for i := int64(1); i <= 6; i++ {
+		c.SetMetrics(ms(100*i), ep1, podmetrics.Metrics{
+			Known: podmetrics.Waiting | podmetrics.Running | podmetrics.KVCacheUsage | podmetrics.BlockSize | podmetrics.NumBlocks |
+				podmetrics.GenerationTokens | podmetrics.Finished,
+			Running: 3, KVCacheUsage: 0.02, BlockSize: 16, NumBlocks: 16384,
+		}, false)
+	}
+	// The mean prompt moved from its seed toward 1,000 and the mean output
+	// is 140: the level is what the engine frees per step less a prompt.
+	e := endpointState(c)
+	if e.ExpectedOutput != 140 {
+		t.Fatalf("expected output %d, want the asked 140", e.ExpectedOutput)
+	}
+	p := c.meanPrompt
+	want := max(p*(262144/(p+140))/140-p, 512)
+	if e.AutoThreshold != want {
+		t.Fatalf("threshold %d, want the decode-bound level %d (mean prompt %d)", e.AutoThreshold, want, p)
 	}
 }
 

@@ -419,6 +419,7 @@ func (c *Core) Snapshot() Snapshot {
 		}
 		if c.hasAuto {
 			es.AutoThreshold, es.HasAuto = e.auto.Threshold(), true
+			es.ExpectedOutput = e.auto.Output(c.meanOutput)
 		}
 		if c.index != nil {
 			es.IndexTokens = c.index.Stats(int(id)).Tokens

@@ -317,6 +317,11 @@ type EndpointSnapshot struct {
 	// when HasAuto: some class of the policy in force has one.
 	AutoThreshold uint64
 	HasAuto       bool
+	// ExpectedOutput is the output per request the auto threshold expects
+	// at the endpoint (SPEC §5, the decode-bound level): what the
+	// dispatched requests asked for, lowered to the engine's own mean once
+	// it finished some; 0 when no prediction is made.
+	ExpectedOutput uint64
 }
 
 // Snapshot is the core's state at one instant.
