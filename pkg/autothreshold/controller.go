@@ -216,11 +216,13 @@ func (c *Controller) Observe(s Sample) Move {
 	// that is below the start.
 	bound, decodeBound := c.decodeBound(s, p)
 	switch {
-	case decodeBound && c.t > satAdd(bound, p):
+	case decodeBound && c.t > satAdd(bound, p) && !(c.idleAll && c.heldAll):
 		// The requests will fill the engine's cache before its step
 		// budget: prompts beyond what it frees per step would wait in
 		// it, in its order. One prompt of slack keeps the mean's jitter
-		// from moving the threshold.
+		// from moving the threshold. An engine idle all window while the
+		// picker held requests is starved, whatever its cache will do:
+		// the raise below takes it.
 		c.t = bound
 		return Lower
 	case c.kvFull && c.minW >= 1:

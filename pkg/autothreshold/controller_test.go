@@ -103,6 +103,8 @@ func TestRule(t *testing.T) {
 			budget: 8192, s: func() Sample { s := decodeSample(1000, 140); s.KVTokens = 0; return s }(), move: Hold, want: 7168},
 		{name: "no output asked: no prediction",
 			budget: 8192, s: decodeSample(1000, 0), move: Hold, want: 7168},
+		{name: "decode-bound, but idle with work held: starved, raise",
+			budget: 8192, s: func() Sample { s := decodeSample(1000, 140); s.Running = 0; return s }(), move: Raise, want: 7168 + 1000},
 		{name: "no waiting count: hold",
 			budget: 8192, start: 4096, s: Sample{Waiting: 0, HasRunning: true, Load: 8192, MeanPrompt: 512, Held: true},
 			move: Hold, want: 4096},

@@ -87,6 +87,34 @@ func TestDecodeBoundThroughTheCore(t *testing.T) {
 	}
 }
 
+// A prefill-only pod holds a request only for its prefill, so the output
+// the request asks for says nothing about its cache: no decode-bound level
+// there, while the decode pod of the same requests gets one.
+func TestNoDecodeBoundOnPrefillPods(t *testing.T) {
+	p := byHeader(0, class("standard", 512, 0))
+	p.Classes[0].Queueing = true
+	p.Busy[0] = policy.BusyTest{Auto: true}
+	c := newCore(t, p, Options{ExpectMetrics: true, DisaggregateAboveUncachedTokens: 256})
+	c.SetEndpoints(0, []Endpoint{{Addr: pdP1, MaxBatchedTokens: 8192, Role: RolePrefill}, {Addr: pdD1, MaxBatchedTokens: 8192, Role: RoleDecode}})
+	scrapeEP(c, 0, pdP1, 0, 0, 0)
+	scrapeEP(c, 0, pdD1, 0, 0, 0)
+	for range 3 {
+		grantOne(t, c, ms(1), &Ticket{RawISL: 1000, OutputTokens: 140})
+	}
+	for i := int64(1); i <= 6; i++ {
+		for _, addr := range []string{pdP1, pdD1} {
+			c.SetMetrics(ms(100*i), addr, podmetrics.Metrics{
+				Known: podmetrics.Waiting | podmetrics.Running | podmetrics.BlockSize | podmetrics.NumBlocks |
+					podmetrics.GenerationTokens | podmetrics.Finished,
+				Running: 3, BlockSize: 16, NumBlocks: 16384,
+			}, false)
+		}
+	}
+	if tp, td := thresholdOf(t, c, pdP1), thresholdOf(t, c, pdD1); tp != 7168 || td >= 7168 {
+		t.Fatalf("thresholds %d (prefill pod), %d (decode pod); want the prefill pod's at the start, the decode pod's at its decode-bound level", tp, td)
+	}
+}
+
 // A fixed threshold leaves the auto controller out of the snapshot.
 func TestFixedThresholdHasNoAuto(t *testing.T) {
 	c := ledgerCore(t)

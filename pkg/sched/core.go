@@ -419,7 +419,9 @@ func (c *Core) Snapshot() Snapshot {
 		}
 		if c.hasAuto {
 			es.AutoThreshold, es.HasAuto = e.auto.Threshold(), true
-			es.ExpectedOutput = e.auto.Output(c.meanOutput)
+			if e.role != RolePrefill {
+				es.ExpectedOutput = e.auto.Output(c.meanOutput)
+			}
 		}
 		if c.index != nil {
 			es.IndexTokens = c.index.Stats(int(id)).Tokens

@@ -136,13 +136,19 @@ func (c *Core) observeAuto(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 		return false
 	}
 	load := e.load()
+	// A prefill-only pod holds a request only for its prefill: what the
+	// request will generate is the decode pod's cache, not this one's.
+	asked := c.meanOutput
+	if e.role == RolePrefill {
+		asked = 0
+	}
 	move := e.auto.Observe(autothreshold.Sample{
 		At: now, Waiting: m.Waiting, HasWaiting: m.Has(podmetrics.Waiting),
 		Running: m.Running, HasRunning: m.Has(podmetrics.Running),
 		Load: load, MeanPrompt: c.meanPrompt,
 		Held:    c.q.Len() > 0 && load > e.auto.Threshold(),
 		KVUsage: m.KVCacheUsage, HasKV: m.Has(podmetrics.KVCacheUsage),
-		KVTokens: kvTokens(m), AskedOutput: c.meanOutput,
+		KVTokens: kvTokens(m), AskedOutput: asked,
 		GenerationTokens: m.GenerationTokens, Finished: m.Finished,
 		HasOutput: m.Has(podmetrics.GenerationTokens | podmetrics.Finished),
 	})
