@@ -419,9 +419,7 @@ func (c *Core) Snapshot() Snapshot {
 		}
 		if c.hasAuto {
 			es.AutoThreshold, es.HasAuto = e.auto.Threshold(), true
-			if e.role != RolePrefill {
-				es.ExpectedOutput = e.auto.Output(c.meanOutput)
-			}
+			es.ExpectedOutput = e.auto.Output(c.askedOutput(e))
 		}
 		if c.index != nil {
 			es.IndexTokens = c.index.Stats(int(id)).Tokens

@@ -136,23 +136,27 @@ func (c *Core) observeAuto(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 		return false
 	}
 	load := e.load()
-	// A prefill-only pod holds a request only for its prefill: what the
-	// request will generate is the decode pod's cache, not this one's.
-	asked := c.meanOutput
-	if e.role == RolePrefill {
-		asked = 0
-	}
 	move := e.auto.Observe(autothreshold.Sample{
 		At: now, Waiting: m.Waiting, HasWaiting: m.Has(podmetrics.Waiting),
 		Running: m.Running, HasRunning: m.Has(podmetrics.Running),
 		Load: load, MeanPrompt: c.meanPrompt,
 		Held:    c.q.Len() > 0 && load > e.auto.Threshold(),
 		KVUsage: m.KVCacheUsage, HasKV: m.Has(podmetrics.KVCacheUsage),
-		KVTokens: kvTokens(m), AskedOutput: asked,
+		KVTokens: kvTokens(m), AskedOutput: c.askedOutput(e),
 		GenerationTokens: m.GenerationTokens, Finished: m.Finished,
 		HasOutput: m.Has(podmetrics.GenerationTokens | podmetrics.Finished),
 	})
 	return move != autothreshold.Hold
+}
+
+// askedOutput is the mean output requests asked for, as e's auto threshold
+// weighs it: none on a prefill-only pod, which holds a request only for
+// its prefill (what the request generates fills its decode pod's cache).
+func (c *Core) askedOutput(e *endpoint) uint64 {
+	if e.role == RolePrefill {
+		return 0
+	}
+	return c.meanOutput
 }
 
 // kvTokens is the engine's KV cache in tokens, 0 when unknown.

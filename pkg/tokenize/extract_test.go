@@ -276,7 +276,7 @@ func TestExtractPromptDepthLimit(t *testing.T) {
 
 // FuzzExtractPrompt checks Extract against the references: the tokens
 // against refExtract (encoding/json and the byte-at-a-time Tokenize), the
-// fields (model, agent hints, priority spans) against refFields
+// fields (model, agent hints, priority spans, output bound) against refFields
 // (encoding/json), and that it fails exactly when one of them does.
 func FuzzExtractPrompt(f *testing.F) {
 	for _, s := range []string{
@@ -290,6 +290,7 @@ func FuzzExtractPrompt(f *testing.F) {
 		`{"a":[1,{"b":null}],"prompt":[4294967295]}`,
 		`{"model":"m","priority":1,"prompt":"x","nvext":{"agent_hints":{"priority":-3,"latency_sensitivity":2,"strict_priority":1,"osl":9,"speculative_prefill":true}},"priority":[2]}`,
 		`{"nvext":{"agent_hints":{"priority":1}},"nvext":{"agent_hints":null},"model":"a\"b","prompt":[1]}`,
+		`{"prompt":"x","max_tokens":16,"max_completion_tokens":"8","max_tokens":1.5,"max_completion_tokens":4294967295}`,
 		`{"prompt":"` + strings.Repeat("The quick brown fox jumps over the lazy dog. ", 8) + `"}`,
 		`{"prompt":"` + strings.Repeat("internationalization   1234567 ...!?  \n\t\u00e9x ", 6) + `"}`,
 	} {

@@ -247,9 +247,6 @@ func (e *extractor) lenientCount() (uint32, bool, error) {
 		return 0, false, err
 	}
 	lit := e.b[start:e.i]
-	for len(lit) > 0 && (lit[len(lit)-1] == ' ' || lit[len(lit)-1] == '\t' || lit[len(lit)-1] == '\n' || lit[len(lit)-1] == '\r') {
-		lit = lit[:len(lit)-1]
-	}
 	if len(lit) == 0 || len(lit) > 10 {
 		return 0, false, nil
 	}
