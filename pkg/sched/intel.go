@@ -91,8 +91,8 @@ func (c *Core) SetMetrics(now int64, addr string, m podmetrics.Metrics, stale bo
 			e.kvUsage = m.KVCacheUsage // orders decode pods (roles.go)
 		}
 		c.setLoRA(e, &m) // LoRA affinity (lora.go)
-		if c.index != nil && m.Has(podmetrics.NumBlocks|podmetrics.BlockSize) {
-			c.index.SetCapacity(int(e.id), drr.SaturatingMul(uint64(m.NumBlocks), uint64(m.BlockSize)))
+		if kv := kvTokens(&m); c.index != nil && kv > 0 {
+			c.index.SetCapacity(int(e.id), kv)
 		}
 		if c.observeAuto(now, e, &m) {
 			changed = true
