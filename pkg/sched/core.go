@@ -105,11 +105,9 @@ type Core struct {
 
 	adapters map[string]struct{} // adapter names endpoints reported (lora.go)
 
-	// awaitingEps are the endpoints whose ledger holds grants (ledger.go).
-	awaitingEps []*endpoint
-	// strangerEps are the endpoints whose engine queue showed requests
-	// this picker did not send (ledger.go, predictStrangers).
-	strangerEps []*endpoint
+	// drainingEps are the endpoints whose ledger holds grants or whose
+	// engine queue showed unseen requests (ledger.go, predict).
+	drainingEps []*endpoint
 
 	index      *affinity.Index // the prefix-cache index; nil: none
 	baseBS     int             // PrefixOptions.BlockSize

@@ -26,22 +26,26 @@ type endpoint struct {
 	engine policy.Engine
 	// stale: metrics are expected and not fresh (busy, ranked last).
 	stale bool
-	// peakOurs is the most requests this picker had in the engine there
-	// since the last metrics delivery (ours()): the most of the engine's
-	// queue that can be ours.
+	// peakOurs is the most requests this picker had charged there with
+	// their stream open since the last metrics delivery (ours()): the
+	// most of the engine's queue that can be ours besides the ledger's.
 	peakOurs int
+	// sent counts the grants dispatched there (for the ledger's share).
+	sent uint64
 	// led reconciles what this picker sent with the engine's counters.
 	led ledger
 	// unseenWaiting and unseenPrefill: the engine's waiting requests that
-	// are not ours, and the prompt tokens the busy test counts for them.
+	// no charge of ours covers (another replica's, a bypassing client's,
+	// our own released from the ledger), and the prompt tokens the busy
+	// test counts for them.
 	unseenWaiting int
 	unseenPrefill uint64
-	// unseenAt is when the oldest unseen request's prefill is assumed to
-	// have started: the scrape that counted it, or the predicted prefill
-	// end of the one before it (ledger.go, predictStrangers).
-	unseenAt int64
-	// strangersListed: e is in the core's strangerEps.
-	strangersListed bool
+	// drainAt is when the next unseen request's or awaiting grant's
+	// prefill is assumed to have started: the scrape that counted the
+	// queue, or the predicted prefill end of the one before it (ledger.go).
+	drainAt int64
+	// draining: e is in the core's drainingEps.
+	draining bool
 	// waiting is the engine's whole waiting queue at the last fresh scrape
 	// (ours included), for the overload filter.
 	waiting int
@@ -66,10 +70,9 @@ type endpoint struct {
 // load is the prefill the busy test counts: ours plus the unseen estimate.
 func (e *endpoint) load() uint64 { return drr.SaturatingAdd(e.activePrefill, e.unseenPrefill) }
 
-// ours is how many of our requests may be in the engine: those with an
-// open stream, and those whose stream ended before the engine confirmed
-// their prefill.
-func (e *endpoint) ours() int { return e.inFlight + e.led.len() }
+// ours is how many of our requests with an open stream may be in the
+// engine's queue: those not yet past their first byte.
+func (e *endpoint) ours() int { return max(0, e.inFlight-e.decoding) }
 
 // registry maps addresses to endpoints and hands out their ids: the index
 // of drr's exact lanes, the prefix index's slots and the overlap scratch.

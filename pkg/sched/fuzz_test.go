@@ -157,6 +157,7 @@ type fuzzEP struct {
 	// oldest first: the core's ledger releases them in this order.
 	awaiting []*fuzzReq
 	counter  float64 // the engine's prompt-token counter, as scraped
+	finished float64 // the engine's finished-request counter, as scraped
 	role     Role
 }
 
@@ -559,6 +560,10 @@ func runCoreOps(data []byte, pk Chooser) error {
 				if b&0x20 != 0 { // the engine's counters: prompt tokens past prefill, running requests
 					e.counter += float64(next()) * 16
 					m.PromptTokens, m.Known = e.counter, m.Known|podmetrics.PromptTokens|podmetrics.Running
+					if f := next(); f&1 != 0 { // and finished requests: the arrivals count
+						e.finished += float64(f >> 4)
+						m.Finished, m.Known = e.finished, m.Known|podmetrics.Finished
+					}
 				}
 				if b&0x10 != 0 { // vllm:lora_requests_info: up to two of three adapters
 					k := next()

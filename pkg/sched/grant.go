@@ -156,7 +156,6 @@ func (c *Core) Release(g *Grant, ev Event) {
 	e := g.ep
 	if ev == EventFirstByte || g.prefillReleased {
 		if !g.prefillReleased {
-			e.led.unobserved += g.raw // the engine counts this prompt too
 			c.prefillDone(g)
 			c.startDecode(g)
 		}
@@ -278,6 +277,7 @@ func (c *Core) grant(now int64, r *Request, queued bool, s *candidateSet) {
 	}
 	e.activePrefill = drr.SaturatingAdd(e.activePrefill, g.prefill)
 	e.inFlight++
+	e.sent++
 	e.peakOurs = max(e.peakOurs, e.ours())
 	c.q.EndpointChanged(e.id)
 	if s.split {

@@ -46,15 +46,14 @@ func cachedTokens(blocks int, t *Ticket) uint64 {
 // are rechecked at the next Drain). Unknown addresses are ignored.
 //
 // A fresh scrape first reconciles the endpoint's ledger with the engine's
-// counters (ledger.go). Then the busy test's view of load this picker
-// cannot see: the engine's queue holds at most peakOurs of our requests
-// (the most we had in the engine there since the previous delivery, so
-// requests that finished between the scrape and its delivery are not
-// mistaken for strangers), and every waiting request beyond that came
-// from elsewhere (another replica, a client that bypasses the picker) or
-// is one of ours whose prefill was predicted done too early. Each such
-// request counts as the moving mean of the prompts we dispatch in prefill
-// tokens. Running requests count only in the cost picker's decode load.
+// counts (ledger.go). Then the busy test's view of load the picker's
+// charges do not cover: every request in the engine's waiting queue is
+// load, whoever sent it, less at most peakOurs of them (the most of our
+// requests charged there with an open stream since the previous
+// delivery, so requests whose first byte came between the scrape and its
+// delivery are not counted twice). Each such request counts as the moving
+// mean of the prompts we dispatch in prefill tokens. Running requests
+// count only in the cost picker's decode load.
 func (c *Core) SetMetrics(now int64, addr string, m podmetrics.Metrics, stale bool) bool {
 	e, ok := c.reg.byAddr[addr]
 	if !ok {
@@ -81,11 +80,10 @@ func (c *Core) SetMetrics(now int64, addr string, m podmetrics.Metrics, stale bo
 		if prefill != e.unseenPrefill {
 			changed = true
 		}
-		if unseen > 0 && !e.strangersListed {
-			c.strangerEps = append(c.strangerEps, e)
-			e.strangersListed = true
+		e.unseenWaiting, e.unseenPrefill, e.drainAt = unseen, prefill, now
+		if unseen > 0 {
+			c.listDraining(e)
 		}
-		e.unseenWaiting, e.unseenPrefill, e.unseenAt = unseen, prefill, now
 		e.running = m.Running
 		if m.Has(podmetrics.KVCacheUsage) {
 			e.kvUsage = m.KVCacheUsage // orders decode pods (roles.go)

@@ -9,47 +9,54 @@ import (
 )
 
 // This file reconciles the picker's prefill accounting with the engine's
-// own counters (SPEC §5, "Endpoint accounting"), so that the busy test
-// holds behind gateways that report no response phases.
+// own numbers (SPEC §5, "Endpoint accounting"), so that the busy test
+// holds behind gateways that report no response phases, and counts the
+// load other replicas and bypassing clients put on the same engine.
 //
-// A grant's charge normally returns at its first response byte. A grant
-// whose stream ends first (a header-only gateway, Envoy with response
-// phases skipped, a client that left) is still in the engine as far as
-// the picker knows: it joins its endpoint's ledger, in the order the
-// streams ended, and keeps its charge until one of these says its prompt
-// left prefill, always the oldest first (engines prefill first come,
-// first served):
+// The engine's waiting count is the ground truth: at a fresh scrape,
+// every request in the engine's queue is load, whoever sent it. The
+// picker's own charges cover only what that count cannot have seen.
 //
-//   - the engine's prompt-token counter (vLLM's and SGLang's
-//     prompt_tokens_total grows by a request's whole prompt at the step
-//     that finishes its prefill): at each scrape, the growth since the
-//     last one, less the prompts whose first byte was reported and less
-//     what prediction already released, is credited to the ledger's
-//     oldest grants while it covers their prompts; of an engine whose
-//     waiting queue holds strangers (another replica's requests), only our
-//     share of the growth, ours / (ours + strangers);
-//   - the engine's request counts: the ledger never holds more grants
-//     than the engine has waiting and running requests;
-//   - prediction between scrapes: with the prefill rate learned from the
-//     counter (times the same share), the oldest grant is released once the engine had time to
-//     prefill it after the ones before it (a grant cannot start before it
-//     was sent). A prediction that runs ahead of the engine leaves its
-//     request in the engine's waiting queue, where the unseen-load
-//     estimate counts it at the next scrape.
+//   - A grant's charge normally returns at its first response byte; such
+//     a grant still charged when the engine is scraped may be in its
+//     queue, so the queue's count less these (at their peak since the
+//     last delivery) is the unseen load.
+//   - A grant whose stream ends first (a header-only gateway, Envoy with
+//     response phases skipped, a client that left) joins its endpoint's
+//     ledger and keeps its charge until a fresh scrape shows it arrived:
+//     delivered arrivalSlack or more after it was sent, and with our part
+//     of the engine's arrivals since the previous scrape (the growth of
+//     waiting + running + finished requests, times our share) covering
+//     it, oldest first. From then on the engine's counts carry it (as
+//     waiting, hence unseen load, or as running, past prefill). Until
+//     then it may be on its way through a gateway, which can take
+//     hundreds of milliseconds on a loaded node; a grant taken for
+//     arrived while still on its way would be counted nowhere, and
+//     replicas that each miss a few land their bursts together. A grant
+//     older than maxTransit, or sent before the engine went quiet (idle,
+//     counting no arrival) for quietCatchUp, is taken as arrived or lost.
+//   - Between scrapes, prediction drains the unseen load, one mean prompt
+//     at a time, then the ledger's grants, oldest first (engines serve
+//     their queue first come, first served), at the prefill rate learned
+//     from the engine's prompt-token counter times our share of the
+//     engine's arrivals (at least minPredictShare). Another replica
+//     refills its part of the queue as the engine drains it; a replica
+//     that predicted the whole rate for itself would refill everyone's
+//     part too, and the engine's queue would grow by the rate times the
+//     scrape interval at every interval. Prediction releases at most our
+//     share of a busy test's worth of grants the engine's arrivals have
+//     not shown (predictionLead). The next scrape's count replaces the
+//     prediction.
 //
-// The unseen load (requests in the engine's queue this picker did not
-// send, counted at each scrape) leaves prefill the same way between
-// scrapes: one stranger's mean prompt at a time, at the learned rate times
-// the strangers' part of the queue (1 − share), from the scrape that
-// counted them. Without it a picker whose scrapes keep landing just after
-// another replica's dispatches holds its whole queue on requests the
-// engine empties within milliseconds. The next scrape's count replaces
-// the prediction.
+// Our share is what we sent to the endpoint over the engine's arrivals,
+// over windows of rateWindow in which what we hold unconfirmed did not
+// grow, smoothed; without a finished-request counter it is our part of
+// the waiting queue, and a grant arrives arrivalSlack after it was sent.
 //
 // The ledger is owned by the core's goroutine, like the rest of the
 // endpoint; its cost is O(1) amortised per grant (each enters and leaves
 // the queue once) plus O(E) per Drain for the endpoints holding grants or
-// showing strangers.
+// unseen load.
 
 // ledger is one endpoint's reconciliation state.
 type ledger struct {
@@ -62,70 +69,55 @@ type ledger struct {
 	// it.
 	counterKnown bool
 	counter      float64
-	// unobserved is raw prompt tokens the picker counts as prefilled that
-	// the counter has not shown yet: grants confirmed by a first byte (the
-	// engine counts them too) and grants released by prediction. The
-	// counter's growth pays it off before it credits awaiting grants, so
-	// no prompt is counted twice, even when the engine reaches it only
-	// after a later scrape.
-	unobserved uint64
-	// credit is prefilled tokens attributed to the oldest awaiting grant
-	// but not yet enough to cover its prompt.
-	credit uint64
 	// rate is the learned prefill rate in prompt tokens per second, as the
 	// counter counts them (0: not learned yet). It is measured over
 	// windows of at least rateWindow starting at winAt with the counter
 	// at winCounter; winBusy says the engine had requests waiting at
 	// every scrape of the window so far.
-	rate float64
-	// share is the part of the engine's prefill that is ours, in (0, 1]:
-	// 1 while the engine's waiting queue holds no more requests than we
-	// may have there, else ours / (ours + strangers) at the last fresh
-	// scrape. Another replica in front of the same engine (or a client
-	// that bypasses the picker) grows the same counter, and a first come,
-	// first served engine spends its prefill on everyone's requests in
-	// turn; without the share every replica would take the whole growth,
-	// and the whole rate, for its own grants and send twice what the
-	// engine can take.
-	share      float64
+	rate       float64
 	winAt      int64
 	winCounter float64
 	winBusy    bool
-	// anchor is when the oldest awaiting grant's prefill is assumed to
-	// have started: the last reconciliation or the last prediction.
-	anchor int64
-	// blind: the last fresh scrape had nothing to reconcile against
-	// (no request counts and no prompt-token counter).
+	// share is the part of the engine's arrivals that is ours, in
+	// (0, 1], measured over windows starting at shareAt with the engine's
+	// arrivals at shareArrivals and our dispatches at shareSent
+	// (shareKnown: a window is open).
+	share         float64
+	shareKnown    bool
+	shareAt       int64
+	shareArrivals float64
+	shareSent     uint64
+	// lastArrivals is the engine's arrivals (waiting + running + finished
+	// requests) at the last fresh scrape, if arrivalsKnown.
+	lastArrivals  float64
+	arrivalsKnown bool
+	// ahead are the grants prediction released that the engine's
+	// arrivals have not shown yet, oldest first, and aheadTokens their
+	// prompts: prediction cannot see whether they reached the engine,
+	// so it runs at most predictionLead ahead of the engine's counts.
+	ahead       []sentGrant
+	aheadTokens uint64
+	// scrapedAt is when the last fresh scrape with arrivals was applied;
+	// quietSince the scrape since which the engine has held no request
+	// and counted no arrival (-1: it has).
+	scrapedAt  int64
+	quietSince int64
+	// carry is the part of an arrival our share left over at the last
+	// scrape while grants waited for one.
+	carry float64
+	// blind: the last fresh scrape had no waiting count to reconcile
+	// against.
 	blind bool
-	// scrapedAt is when the last fresh scrape was applied, if scraped.
-	scrapedAt int64
-	scraped   bool
-	// idleSeenAt is the last fresh scrape that showed the engine holding
-	// no request: a prefill cannot have started before it, so prediction
-	// never counts a request on its way to an idle engine as prefilling.
-	idleSeenAt int64
-	// idleSince is when the engine's scrapes started showing no request
-	// at all (-1: it holds some).
-	idleSince int64
 }
 
-// arrivedBefore counts the awaiting grants sent before t: they had a
-// whole scrape interval to reach the engine. Grants await in the order
-// their streams ended, which is close to the order they were sent, so
-// the count stops at the first later one. O(the count).
-func (l *ledger) arrivedBefore(t int64) int {
-	n := 0
-	for _, g := range l.awaiting[l.head:] {
-		if g.sentAt >= t {
-			break
-		}
-		n++
-	}
-	return n
+// sentGrant is a grant prediction released before the engine showed it.
+type sentGrant struct {
+	raw    uint64
+	sentAt int64
 }
 
 // newLedger is the state of an endpoint nothing was sent to yet.
-func newLedger() ledger { return ledger{idleSince: -1, share: 1} }
+func newLedger() ledger { return ledger{share: 1, quietSince: -1} }
 
 // len is the number of grants awaiting the engine's confirmation.
 func (l *ledger) len() int { return len(l.awaiting) - l.head }
@@ -155,18 +147,61 @@ func (l *ledger) pop() *Grant {
 // saturated windows count.
 const rateEWMA = 0.25
 
-// idleRelease is how long an engine must show no request at all after
-// a grant was sent before the grant is taken as lost on its way to it.
-// Generous: a request's way from the gateway to the engine can take a
+// shareEWMA weighs a new share sample: a window holds a few dozen
+// arrivals at most on a small engine, so one window's share is noisy.
+const shareEWMA = 0.125
+
+// minPredictShare is the least share of the engine's prefill rate
+// prediction takes: a replica whose requests the others crowd out sends
+// less, and so measures a smaller share of the engine's arrivals; with
+// that share alone it would predict the engine's queue to drain ever
+// more slowly and send less still, while the others keep the queue full.
+// A floor keeps it in the game; set low, because each replica predicting
+// more than its part refills more than the engine takes between scrapes
+// (the next scrape's count corrects it).
+const minPredictShare = 0.25
+
+// minShare is the least share a replica takes: one that sends a little
+// among many still predicts some of the engine's prefill as its own, so
+// a lull in the others' traffic never leaves it waiting a whole scrape
+// interval.
+const minShare = 1.0 / 16
+
+// arrivalSlack is how long after it was sent a grant is assumed to have
+// reached the engine and appear in its counts: the gateway's way from
+// the picker's answer to the engine, plus the time from the engine
+// rendering its page to the picker applying it. A grant sent later stays
+// charged over the scrape, counted twice if it did arrive, which only
+// holds a little more for one interval; one released before it arrived
+// would be counted nowhere, and replicas that each miss a few flood the
+// engine together.
+const arrivalSlack = int64(10 * time.Millisecond)
+
+// maxTransit is the longest a grant is taken to be on its way to the
+// engine. Generous: the way from the gateway to the engine can take a
 // second on a starved node, and holding a lost grant costs only a little
 // of the endpoint's admission for that long.
-const idleRelease = int64(3 * time.Second)
+const maxTransit = int64(3 * time.Second)
 
-// rateWindow is the shortest stretch of scrapes a prefill-rate sample
-// spans. Engines count a whole batch's prompts at the step that ends
-// their prefill, and deliveries jitter, so a single scrape interval can
-// show several times the true rate; over half a second the step and the
-// jitter are small next to the window.
+// shareMargin widens our share of the engine's arrivals when matching
+// them to our grants: a share measured a little low would hold grants
+// the engine already counts (twice, until the engine goes quiet).
+const shareMargin = 1.1
+
+// quietCatchUp is how long an engine must hold nothing and count no
+// arrival before the grants sent before that are taken as arrived: what
+// a share measured low left held (at the end of a run, when the other
+// replicas' sends stopped and nothing arrives to match the rest).
+// Longer than the stalls of a gateway busy opening connections (a few
+// hundred ms with a TLS handshake per request on a loaded node), during
+// which grants are on their way and the engine sees nothing.
+const quietCatchUp = int64(500 * time.Millisecond)
+
+// rateWindow is the shortest stretch of scrapes a prefill-rate or share
+// sample spans. Engines count a whole batch's prompts at the step that
+// ends their prefill, and deliveries jitter, so a single scrape interval
+// can show several times the true rate; over half a second the step and
+// the jitter are small next to the window.
 const rateWindow = int64(500 * time.Millisecond)
 
 // maxAwaiting bounds one endpoint's ledger: past it the oldest grant is
@@ -175,11 +210,16 @@ const rateWindow = int64(500 * time.Millisecond)
 const maxAwaiting = 1 << 14
 
 // await puts g, whose stream ended before its first byte, into e's
-// ledger: its charge stays until the engine confirms its prefill. Without
-// engine metrics to reconcile against (scraping off, or an engine whose
-// page has neither request counts nor a prompt-token counter) the charge
-// returns at once, as nothing could ever release it.
+// ledger: its charge stays until a scrape shows the engine's counts with
+// it. Without engine metrics to reconcile against (scraping off, or an
+// engine whose page has no waiting count) the charge returns at once, as
+// nothing could ever release it.
 func (c *Core) await(e *endpoint, g *Grant) {
+	// While its stream was open g counted among the requests that may be
+	// in the engine's queue as ours (peakOurs); from now on the ledger
+	// charges it, and the next scrape, which may release it into the
+	// engine's count, must not also take one of the queue for it.
+	e.peakOurs = max(0, e.peakOurs-1)
 	if e.removed || !c.opts.ExpectMetrics || e.led.blind {
 		c.prefillDone(g)
 		return
@@ -187,19 +227,22 @@ func (c *Core) await(e *endpoint, g *Grant) {
 	if e.led.len() >= maxAwaiting {
 		c.confirm(e)
 	}
-	if e.led.len() == 0 {
-		e.led.anchor = g.sentAt
-		e.led.credit = 0
-		c.awaitingEps = append(c.awaitingEps, e)
-	}
-
 	e.led.push(g)
+	c.listDraining(e)
 }
 
-// confirm releases e's oldest awaiting grant: the engine says, or the
-// prediction has it, that its prompt left prefill.
+// confirm releases e's oldest awaiting grant: the engine's counts carry
+// it now, or the prediction has it that its prompt left prefill.
 func (c *Core) confirm(e *endpoint) {
 	c.prefillDone(e.led.pop())
+}
+
+// listDraining puts e among the endpoints predict looks at.
+func (c *Core) listDraining(e *endpoint) {
+	if !e.draining {
+		c.drainingEps = append(c.drainingEps, e)
+		e.draining = true
+	}
 }
 
 // reconcile applies a fresh scrape's counters to e's ledger at now and
@@ -207,92 +250,139 @@ func (c *Core) confirm(e *endpoint) {
 func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 	l := &e.led
 	before := l.len()
-	prevAt, scrapedBefore := l.scrapedAt, l.scraped
-	l.scrapedAt, l.scraped = now, true
-	l.blind = !m.Has(podmetrics.PromptTokens) && !m.Has(podmetrics.Waiting|podmetrics.Running)
+	l.blind = !m.Has(podmetrics.Waiting)
 	if l.blind {
 		for l.len() > 0 {
 			c.confirm(e)
 		}
+		return l.len() != before
 	}
-	// The engine is saturated when requests wait in it: it could not take
-	// them yet.
-	busyNow := m.Has(podmetrics.Waiting) && m.Waiting > 0
-	l.share = 1
-	if m.Has(podmetrics.Waiting) {
-		ours := max(e.peakOurs, e.ours())
-		if strangers := m.Waiting - ours; strangers > 0 {
-			l.share = float64(ours) / float64(ours+strangers)
-		}
-	}
+	busyNow := m.Waiting > 0
 	if m.Has(podmetrics.PromptTokens) {
-		if l.counterKnown {
-			grew := m.PromptTokens - l.counter
-			if grew < 0 {
-				// The counter went back: the engine restarted, and the
-				// requests it held are gone with it; it may not be the
-				// engine it was, so the auto threshold starts over.
-				for l.len() > 0 {
-					c.confirm(e)
-				}
-				e.auto.Reset(e.maxBatched)
-				grew = 0
-				l.winAt, l.winCounter, l.winBusy = now, m.PromptTokens, busyNow
-			}
-			c.learnRate(l, m.PromptTokens, now, busyNow)
-			done := uint64(min(grew*l.share, math.MaxUint64/2))
-			paid := min(done, l.unobserved)
-			l.unobserved -= paid
-			done = done - paid + l.credit
-			for l.len() > 0 && l.oldest().raw <= done {
-				done -= l.oldest().raw
+		switch {
+		case !l.counterKnown:
+			l.winAt, l.winCounter, l.winBusy = now, m.PromptTokens, busyNow
+		case m.PromptTokens < l.counter:
+			// The counter went back: the engine restarted, and the
+			// requests it held are gone with it; it may not be the
+			// engine it was, so the auto threshold starts over.
+			for l.len() > 0 {
 				c.confirm(e)
 			}
-			l.credit = 0
-			if l.len() > 0 {
-				l.credit = min(done, l.oldest().raw)
-			}
-			l.anchor = now
-		} else {
+			e.auto.Reset(e.maxBatched)
 			l.winAt, l.winCounter, l.winBusy = now, m.PromptTokens, busyNow
+			l.shareKnown = false
+		default:
+			c.learnRate(l, m.PromptTokens, now, busyNow)
 		}
 		l.counterKnown, l.counter = true, m.PromptTokens
 	}
-	if m.Has(podmetrics.Waiting | podmetrics.Running) {
-		held := max(0, m.Waiting+m.Running)
-		if held == 0 {
-			l.idleSeenAt = now
+	c.learnShare(now, e, m)
+	budget := c.arrivalsSince(now, e, m)
+	// The grants prediction released first (they were sent first), then
+	// the ledger's, oldest first: each sent arrivalSlack before this
+	// scrape is in the engine's counts now, as many as our part of the
+	// engine's arrivals since the last scrape covers. One older than
+	// maxTransit, or sent before the engine went quiet, is taken as
+	// arrived or lost (a client that left, a proxy that failed), so a
+	// lost grant never holds the rest.
+	n := 0
+	for _, a := range l.ahead {
+		if !l.arrived(a.sentAt, now, &budget) {
+			l.ahead[n] = a
+			n++
+			continue
 		}
-		switch {
-		case !m.Has(podmetrics.PromptTokens) && scrapedBefore:
-			// Without a prompt-token counter (TRT-LLM serve) the request
-			// counts bound the ledger: every awaiting request is still in
-			// prefill, so among the engine's waiting or running requests.
-			// Only grants sent before the previous delivery count: a later
-			// one may not have reached the engine when it was scraped.
-			for n := l.arrivedBefore(prevAt) - held; n > 0; n-- {
-				c.confirm(e)
-				l.credit = 0
-			}
-		case held > 0:
-			l.idleSince = -1
-		case l.idleSince < 0:
-			l.idleSince = now
-		case now-l.idleSince >= idleRelease:
-			// A grant the engine has not shown at any scrape for
-			// idleRelease, since it was sent or since the engine went
-			// idle, never reached it (a client that left, a proxy that
-			// failed).
-			for l.len() > 0 && now-max(l.oldest().sentAt, l.idleSince) >= idleRelease {
-				c.confirm(e)
-				l.credit = 0
-			}
-			if l.len() == 0 {
-				l.unobserved = 0 // it has counted all it will
-			}
-		}
+		l.aheadTokens -= a.raw
+	}
+	clear(l.ahead[n:])
+	l.ahead = l.ahead[:n]
+	for l.len() > 0 && l.arrived(l.oldest().sentAt, now, &budget) {
+		c.confirm(e)
+	}
+	// A share below one grant per scrape must still match our grants in
+	// time: the part of an arrival left over while grants wait carries
+	// to the next scrape. A whole arrival left over is not carried: it
+	// may be another replica's, and carried it would take one of our
+	// grants still on its way for arrived at the next scrape.
+	l.carry = 0
+	if l.len() > 0 && budget < 1 {
+		l.carry = budget
 	}
 	return l.len() != before
+}
+
+// arrived reports whether a grant sent at sentAt is in the engine's
+// counts at a fresh scrape delivered at now, taking it from budget, our
+// part of the engine's arrivals since the last scrape that is not yet
+// matched to a grant (see reconcile).
+func (l *ledger) arrived(sentAt, now int64, budget *float64) bool {
+	switch {
+	case sentAt > now-arrivalSlack:
+		return false
+	case sentAt <= now-maxTransit, l.quietSince >= 0 && sentAt <= l.quietSince-arrivalSlack && now-l.quietSince >= quietCatchUp:
+		return true
+	case *budget >= 1:
+		*budget--
+		return true
+	}
+	return false
+}
+
+// arrivalsSince is our part of the requests that reached e's engine since
+// the last fresh scrape, by its own counts (waiting + running + finished
+// requests), widened by shareMargin: math.Inf without a finished-request
+// counter, or at the first count and after a restart (then the time
+// since a grant was sent says alone whether it arrived). Without it a
+// picker would take every grant sent arrivalSlack ago for arrived, and
+// while a gateway busy opening connections holds its answers for
+// hundreds of milliseconds, replicas in front of one engine would each
+// send on and land their bursts together. It also notes since when the
+// engine has been quiet: holding nothing, counting no arrival.
+func (c *Core) arrivalsSince(now int64, e *endpoint, m *podmetrics.Metrics) float64 {
+	l := &e.led
+	if !m.Has(podmetrics.Finished) {
+		l.arrivalsKnown, l.quietSince = false, -1
+		return math.Inf(1)
+	}
+	arrivals := float64(m.Waiting+m.Running) + m.Finished
+	got := math.Inf(1)
+	if l.arrivalsKnown && arrivals >= l.lastArrivals {
+		got = (arrivals-l.lastArrivals)*min(1, shareMargin*l.share) + l.carry
+	}
+	switch {
+	case !l.arrivalsKnown || arrivals != l.lastArrivals || m.Waiting+m.Running > 0:
+		l.quietSince = -1
+	case l.quietSince < 0:
+		l.quietSince = l.scrapedAt // quiet since the previous scrape
+	}
+	l.arrivalsKnown, l.lastArrivals, l.scrapedAt = true, arrivals, now
+	return got
+}
+
+// learnShare updates e's share of its engine's arrivals from a fresh
+// scrape at now (see the file comment).
+func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) {
+	l := &e.led
+	if !m.Has(podmetrics.Finished) {
+		// No arrivals count: our part of the waiting queue.
+		l.share = 1
+		if ours := max(e.peakOurs, e.ours()) + l.len(); m.Waiting > ours {
+			l.share = max(minShare, float64(ours)/float64(m.Waiting))
+		}
+		return
+	}
+	arrivals := float64(m.Waiting+m.Running) + m.Finished
+	switch {
+	case !l.shareKnown || arrivals < l.shareArrivals:
+		l.shareKnown, l.shareAt, l.shareArrivals, l.shareSent = true, now, arrivals, e.sent
+	case now-l.shareAt >= rateWindow:
+		if got := arrivals - l.shareArrivals; got >= 1 {
+			sample := min(1, max(minShare, float64(e.sent-l.shareSent)/got))
+			l.share += shareEWMA * (sample - l.share)
+		}
+		l.shareAt, l.shareArrivals, l.shareSent = now, arrivals, e.sent
+	}
 }
 
 // learnRate folds the counter into the prefill rate once the current
@@ -301,14 +391,11 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 // and moves the rate either way; any other window shows only that the
 // engine is at least that fast, so it can raise the rate but not lower
 // it. A raise takes the sample, up to twice the rate it updates (one
-// burst cannot make prediction run far ahead of the engine, and the
-// bounded lead stops it anyway), so the rate reaches the engine's within
-// a few windows: a rate below it only slows prediction, and the picker
-// then releases in bursts at the scrapes, which other replicas in front
-// of the same engine see as strangers (TestTwoPickersOneEngine: with
-// raises of a quarter the rate took the whole 10 s run to reach the
-// engine's 33,000 tokens/s). A lower, from a saturated window, is
-// smoothed.
+// burst cannot make prediction run far ahead of the engine), so the rate
+// reaches the engine's within a few windows: a rate below it only slows
+// prediction, and the picker then releases in bursts at the scrapes,
+// which other replicas in front of the same engine see as strangers. A
+// lower, from a saturated window, is smoothed.
 func (c *Core) learnRate(l *ledger, counter float64, now int64, saturated bool) {
 	l.winBusy = l.winBusy && saturated
 	dt := now - l.winAt
@@ -328,104 +415,81 @@ func (c *Core) learnRate(l *ledger, counter float64, now int64, saturated bool) 
 	l.winAt, l.winCounter, l.winBusy = now, counter, saturated
 }
 
-// predict releases, at now, the awaiting grants the engine has had time
-// to prefill at its learned rate since the last reconciliation, oldest
-// first, and then the unseen requests (predictStrangers). It runs at
-// every Drain.
+// predict releases, at now, what the engines are predicted to have
+// prefilled since their last scrape: first the unseen load, then the
+// ledger's grants (nextDrained). It runs at every Drain.
 func (c *Core) predict(now int64) {
-	keep := c.awaitingEps[:0]
-	for _, e := range c.awaitingEps {
-		l := &e.led
-		lead := uint64(float64(c.predictionLead(e)) * l.share)
-		for l.len() > 0 && !e.removed {
-			at, ok := l.nextPrefilled(lead)
-			if !ok || at > now {
-				break
-			}
-			g := l.oldest()
-			l.unobserved += subSat(g.raw, l.credit)
-			l.credit = 0
-			l.anchor = at
-			c.confirm(e)
-		}
+	keep := c.drainingEps[:0]
+	for _, e := range c.drainingEps {
 		if e.removed {
-			for l.len() > 0 {
+			for e.led.len() > 0 {
 				c.confirm(e)
 			}
 		}
-		if l.len() > 0 {
-			keep = append(keep, e)
-		}
-	}
-	clear(c.awaitingEps[len(keep):])
-	c.awaitingEps = keep
-	c.predictStrangers(now)
-}
-
-// predictStrangers removes, at now, the unseen requests the engine has had
-// time to prefill since the scrape that counted them (or the last such
-// prediction).
-func (c *Core) predictStrangers(now int64) {
-	keep := c.strangerEps[:0]
-	for _, e := range c.strangerEps {
-		if d, ok := c.strangerPrefill(e); ok {
-			n := e.unseenWaiting
-			for e.unseenWaiting > 0 && e.unseenAt+d <= now {
-				e.unseenAt += d
+		n := e.unseenWaiting
+		for {
+			at, ok := c.nextDrained(e)
+			if !ok || at > now {
+				break
+			}
+			e.drainAt = at
+			if e.unseenWaiting > 0 {
 				e.unseenWaiting--
-			}
-			if e.unseenWaiting != n {
-				e.unseenPrefill = drr.SaturatingMul(uint64(e.unseenWaiting), c.meanPrompt)
-				c.q.EndpointChanged(e.id)
+			} else {
+				g := e.led.oldest()
+				e.led.ahead = append(e.led.ahead, sentGrant{raw: g.raw, sentAt: g.sentAt})
+				e.led.aheadTokens += g.raw
+				c.confirm(e)
 			}
 		}
-		if e.unseenWaiting > 0 && !e.removed && !e.stale {
+		if e.unseenWaiting != n {
+			e.unseenPrefill = drr.SaturatingMul(uint64(e.unseenWaiting), c.meanPrompt)
+			c.q.EndpointChanged(e.id)
+		}
+		if (e.unseenWaiting > 0 || e.led.len() > 0) && !e.removed {
 			keep = append(keep, e)
 		} else {
-			e.strangersListed = false
+			e.draining = false
 		}
 	}
-	clear(c.strangerEps[len(keep):])
-	c.strangerEps = keep
+	clear(c.drainingEps[len(keep):])
+	c.drainingEps = keep
 }
 
-// strangerPrefill is how long the engine takes, as predicted, to prefill
-// one unseen request of e: the mean prompt at the learned rate times the
-// strangers' part of the engine's queue. ok is false without a learned
-// rate, and for a stale or removed endpoint: the unseen load then stays
-// until the next fresh scrape.
-func (c *Core) strangerPrefill(e *endpoint) (d int64, ok bool) {
-	rate := e.led.rate * (1 - e.led.share)
-	if rate <= 0 || e.unseenWaiting == 0 || e.removed || e.stale {
+// nextDrained is when e's engine is predicted to finish prefilling the
+// next of what the picker counts there: an unseen request (the mean
+// prompt) while any is counted, else the oldest awaiting grant, which
+// cannot start before it was sent. Both start once the one before is
+// done (drainAt). ok is false without a learned rate, and for a stale or
+// removed endpoint: the count then stays until the next fresh scrape.
+func (c *Core) nextDrained(e *endpoint) (at int64, ok bool) {
+	rate := e.led.rate * max(e.led.share, minPredictShare)
+	if rate <= 0 || e.removed || e.stale {
 		return 0, false
 	}
-	return max(1, int64(math.Ceil(float64(c.meanPrompt)/rate*1e9))), true
+	start, need := e.drainAt, c.meanPrompt
+	switch {
+	case e.unseenWaiting > 0:
+	case e.led.len() > 0:
+		g := e.led.oldest()
+		if l := &e.led; l.aheadTokens > 0 && l.aheadTokens+g.raw > c.predictionLead(e) {
+			return 0, false
+		}
+		start, need = max(start, g.sentAt), g.raw
+	default:
+		return 0, false
+	}
+	return start + max(1, int64(math.Ceil(float64(need)/rate*1e9))), true
 }
 
-// nextPrefilled is when the oldest awaiting grant's prefill is predicted
-// to end: it starts once the engine is done with the ones before it (the
-// anchor), not before it was sent, and not before the engine was last
-// seen idle. ok is false while no rate is known, and while prediction is
-// lead tokens or more ahead of the counter: then only the engine's own
-// numbers release grants, so requests still on their way to the engine
-// (which prediction cannot see) never add up to more than that.
-func (l *ledger) nextPrefilled(lead uint64) (at int64, ok bool) {
-	rate := l.rate * l.share
-	if rate <= 0 || l.len() == 0 {
-		return 0, false
-	}
-	g := l.oldest()
-	need := subSat(g.raw, l.credit)
-	if l.unobserved+need > lead {
-		return 0, false
-	}
-	return max(l.anchor, g.sentAt, l.idleSeenAt) + int64(math.Ceil(float64(need)/rate*1e9)), true
-}
-
-// predictionLead is how far prediction may run ahead of e's counter, in
-// prompt tokens: the most prefill the busy test lets any class keep at
-// e. The engine then holds at most about twice what the busy test admits
-// when every prediction is early.
+// predictionLead is how far prediction may run ahead of e's engine's
+// counts, in prompt tokens: the most prefill the busy test lets any class
+// keep at e, times our share of the engine (at least minPredictShare).
+// Requests still on their way to the engine, which prediction cannot tell
+// from prefilled ones, then never add up to more than our part of a busy
+// test's worth; with the whole of it, replicas each predicting ahead
+// while slow gateways held their answers landed up to twice as much at
+// once (TestTwoPickersOneEngine: waiting 9 to 17, against 7 to 10).
 func (c *Core) predictionLead(e *endpoint) uint64 {
 	lead := uint64(0)
 	for i := range c.pol.Busy {
@@ -435,28 +499,15 @@ func (c *Core) predictionLead(e *endpoint) uint64 {
 		}
 		lead = max(lead, c.pol.Busy[i].Limit(e.maxBatched))
 	}
-	return lead
+	return uint64(float64(lead) * max(e.led.share, minPredictShare))
 }
 
-// nextPrediction is the earliest predicted prefill end of any endpoint's
-// oldest awaiting grant or oldest unseen request.
+// nextPrediction is the earliest predicted prefill end at any endpoint.
 func (c *Core) nextPrediction() (at int64, ok bool) {
-	for _, e := range c.awaitingEps {
-		if t, tok := e.led.nextPrefilled(uint64(float64(c.predictionLead(e)) * e.led.share)); tok && (!ok || t < at) {
+	for _, e := range c.drainingEps {
+		if t, tok := c.nextDrained(e); tok && (!ok || t < at) {
 			at, ok = t, true
 		}
 	}
-	for _, e := range c.strangerEps {
-		if d, dok := c.strangerPrefill(e); dok && (!ok || e.unseenAt+d < at) {
-			at, ok = e.unseenAt+d, true
-		}
-	}
 	return at, ok
-}
-
-func subSat(a, b uint64) uint64 {
-	if a < b {
-		return 0
-	}
-	return a - b
 }

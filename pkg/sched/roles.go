@@ -320,6 +320,7 @@ func (c *Core) decodeStage(g *Grant, r *Request, s *candidateSet) {
 	}
 	g.Engine = d.engine
 	d.inFlight++
+	d.sent++ // the engine counts the request among its arrivals too
 	d.peakOurs = max(d.peakOurs, d.ours())
 }
 
@@ -342,7 +343,6 @@ func (c *Core) leavePrefill(g *Grant) {
 		p.inFlight--
 	}
 	c.adapterDone(g, g.ep)
-	g.x.dec.led.unobserved += g.raw
 }
 
 // decodeLoad is what orders decode pods: fresh metrics first, then those

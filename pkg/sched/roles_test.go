@@ -479,10 +479,10 @@ func scrapeEP(c *Core, now int64, addr string, waiting, running int, promptToken
 
 // TestDisaggregatedStreamEndsFirst: behind a header-only gateway a
 // disaggregated request's stream ends at the pick. Its charge waits in the
-// prefill pod's engine ledger until that engine's counter shows the
-// prefill; neither pod counts it in flight any longer. The decode pod's
-// engine counts the transferred prompt too, and that must not release a
-// grant of the decode pod's own that its engine has not prefilled.
+// prefill pod's engine ledger until that engine's counts carry it;
+// neither pod counts it in flight any longer. The decode pod's ledger
+// keeps the grant it serves whole until its own engine's counts carry
+// that one, and then counts it among the engine's waiting requests.
 func TestDisaggregatedStreamEndsFirst(t *testing.T) {
 	c := pdCore(t, map[string]Role{pdP1: RolePrefill, pdPD: RolePrefillDecode}, Options{ExpectMetrics: true})
 	scrapeEP(c, 0, pdP1, 0, 0, 0)
@@ -510,18 +510,21 @@ func TestDisaggregatedStreamEndsFirst(t *testing.T) {
 		d.ActivePrefill != 100 || d.AwaitingEngine != 1 || d.InFlight != 0 {
 		t.Fatalf("after both streams ended: prefill pod %+v, decode pod %+v; want 1000 and 100 tokens awaiting, nothing in flight", p, d)
 	}
-	// The KV cache arrived: the decode pod's counter shows the long
-	// prompt, while the short one still waits there.
+	// Scraped 3 ms after the grants were sent: they may still be on
+	// their way, so both stay charged.
+	scrapeEP(c, ms(5), pdPD, 0, 0, 0)
+	scrapeEP(c, ms(5), pdP1, 0, 0, 0)
+	if p, d := state(pdP1), state(pdPD); p.AwaitingEngine != 1 || d.AwaitingEngine != 1 {
+		t.Fatalf("3 ms after the grants: prefill pod %+v, decode pod %+v; want both still awaiting", p, d)
+	}
+	// The decode pod's engine holds the short request waiting (and the
+	// long one running): its count carries the short one from now on.
 	scrapeEP(c, ms(50), pdPD, 1, 1, 1000)
-	if d := state(pdPD); d.ActivePrefill != 100 || d.AwaitingEngine != 1 {
-		t.Fatalf("the decode pod counted the transferred prompt: %+v, want the short grant still charged", d)
+	if d := state(pdPD); d.ActivePrefill != 0 || d.AwaitingEngine != 0 || d.UnseenWaiting != 1 {
+		t.Fatalf("the decode pod's engine shows the short request waiting: %+v, want it counted there, not charged", d)
 	}
 	scrapeEP(c, ms(50), pdP1, 0, 0, 1000)
-	if p := state(pdP1); p.ActivePrefill != 0 || p.AwaitingEngine != 0 {
+	if p := state(pdP1); p.ActivePrefill != 0 || p.AwaitingEngine != 0 || p.UnseenWaiting != 0 {
 		t.Fatalf("the prefill pod prefilled the long prompt: %+v, want nothing charged", p)
-	}
-	scrapeEP(c, ms(100), pdPD, 0, 2, 1100)
-	if d := state(pdPD); d.ActivePrefill != 0 || d.AwaitingEngine != 0 {
-		t.Fatalf("the decode pod prefilled the short prompt: %+v, want nothing charged", d)
 	}
 }

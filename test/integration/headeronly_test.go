@@ -26,16 +26,15 @@ var specEngine = []string{
 const maxEngineWaiting = 2 * 4
 
 // twoPickersHeaderOnlyWaiting bounds the engine's waiting queue when two
-// header-only pickers share it (TestTwoPickersOneEngine).
-const twoPickersHeaderOnlyWaiting = 8 * maxEngineWaiting
-
-// twoPickersHeaderOnlyPremium is the least premium may have of the first
-// 320 with two header-only pickers: clearly weighted (the 512:512 control
-// gives 160). Measured 244 to 256 over 16 runs of this test alone (3 of
-// them beside a race-detector build of ./pkg/...), but 222 once inside a
-// whole make test, where the pickers, gateways and engine share two cores
-// with other suites and each picker's view of the other lags further.
-const twoPickersHeaderOnlyPremium = 200
+// header-only pickers share it (TestTwoPickersOneEngine). Each picker
+// takes only its share of the engine's arrivals for its own, but the
+// share is measured, and at the start of a run the gateways, busy with a
+// TLS handshake per request, hold answers for hundreds of milliseconds:
+// measured 7 to 10 over 10 runs alone (8 or less in 7 of them). The
+// bound leaves room for a machine loaded by the other suites and still
+// tells a bounded queue from a flood (215 to 528 for a picker that
+// releases at the end of the stream).
+const twoPickersHeaderOnlyWaiting = 2 * maxEngineWaiting
 
 // TestWeightedShareHeaderOnly runs SPEC §11's weighted-share workload
 // through the real local gateway to a real model-server simulator, with
@@ -156,16 +155,14 @@ func TestHeaderOnlyClients(t *testing.T) {
 // single-picker band (premium >= 240, regular >= 48 at 512:128), each
 // picker dispatching exactly its half and every request answered once.
 //
-// Behind header-only gateways each picker releases its grants from the
-// engine's counters, which the other picker's prompts grow too; it takes
-// only its share of the growth when strangers wait in the engine, and
-// predicts the strangers' prefill between scrapes as its own. Still, each
-// picker releases what a scrape confirms and dispatches up to its busy
-// limit at once, and when the two pickers' scrapes fall close together
-// the two bursts add up in the engine's queue for a few milliseconds. The
-// bound there is what tells a bounded queue from a flood: measured 12 to
-// 27 alone (once 41; 56 once inside a whole make test), against 215 to
-// 528 for a picker that releases at the end of the stream.
+// Behind header-only gateways each picker keeps a grant charged until
+// the engine's counts show it arrived, taking only its share of the
+// engine's arrivals for its own, and drains the engine's queue between
+// scrapes at its share of the engine's rate (the other picker refills
+// its part). Where the pickers' shares are measured wrong, mostly while
+// the gateways are slow at the start of a run, their bursts can add up
+// in the engine's queue for a moment, so the header-only bound has a
+// little room over twice the sequences (twoPickersHeaderOnlyWaiting).
 func TestTwoPickersOneEngine(t *testing.T) {
 	launch.CheckGoroutines(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -211,7 +208,7 @@ func TestTwoPickersOneEngine(t *testing.T) {
 			}
 			bound, premium := maxEngineWaiting, 240
 			if headerOnly {
-				bound, premium = twoPickersHeaderOnlyWaiting, twoPickersHeaderOnlyPremium
+				bound = twoPickersHeaderOnlyWaiting
 			}
 			if s.FirstInPrefix < premium || s.SecondInPrefix < 48 {
 				t.Errorf("first %d: premium %d (want >= %d), regular %d (want >= 48)", s.Prefix, s.FirstInPrefix, premium, s.SecondInPrefix)
