@@ -228,8 +228,9 @@ type SoakResult struct {
 	// more than one; EndedTwice ended more than once, Unended never, and
 	// Failed ended with an error (after an answer or not).
 	AnsweredOnce, Unanswered, AnsweredTwice, EndedTwice, Unended, Failed int
-	// Before is the picker idle before the first arrival; After idle after
-	// the last stream ended and the goroutines settled (or Settle passed).
+	// Before is the picker idle before the load's connections opened;
+	// After idle after they closed and the goroutines settled (or Settle
+	// passed).
 	Before, After Sample
 	// Samples are the samples taken while requests arrived.
 	Samples []Sample
@@ -324,17 +325,21 @@ func (k *Soak) Run(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 			return p
 		}
 	}
+	// Before and After are taken with none of the load's connections
+	// open: what the picker keeps per connection (and a connection the
+	// load opens while a first one is busy) is then in neither, and a
+	// difference is what the soak left behind.
+	res := SoakResult{Actions: map[string]ActionCount{}}
+	var err error
+	if res.Before, err = k.idleSample(ctx, false); err != nil {
+		return SoakResult{}, fmt.Errorf("soak: sample before the load: %w", err)
+	}
+	res.Before.At = 0
 	conns, err := run.dial(ctx, k.Addr, k.TLS, each, cfg.Hold)
 	defer closeAll(conns)
 	if err != nil {
 		return SoakResult{}, err
 	}
-
-	res := SoakResult{Actions: map[string]ActionCount{}}
-	if res.Before, err = k.idleSample(ctx, false); err != nil {
-		return SoakResult{}, fmt.Errorf("soak: sample before the load: %w", err)
-	}
-	res.Before.At = 0
 
 	// Actions and the sampler run while requests arrive.
 	bgCtx, stopBg := context.WithCancel(ctx)
@@ -412,6 +417,7 @@ func (k *Soak) Run(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 		}
 	}
 	run.s.mu.Unlock()
+	closeAll(conns)
 	res.After, err = k.settle(ctx, res.Before.Goroutines, cfg.Settle)
 	res.After.At = time.Since(t0)
 	if err != nil {
