@@ -269,6 +269,8 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 			for l.len() > 0 {
 				c.confirm(e)
 			}
+			clear(l.ahead)
+			l.ahead, l.aheadTokens = l.ahead[:0], 0
 			e.auto.Reset(e.maxBatched)
 			l.winAt, l.winCounter, l.winBusy = now, m.PromptTokens, busyNow
 			l.shareKnown = false
