@@ -166,11 +166,19 @@ func TestRunPartStopsFirst(t *testing.T) {
 // port for as long as Run runs; a port already taken fails NewServer,
 // naming the flag.
 func TestServerPprof(t *testing.T) {
-	port, err := launch.FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
+	// A free port can be taken by another test package's listener before
+	// NewServer binds it: try a few.
+	var s *Server
+	for attempt := 0; s == nil; attempt++ {
+		port, err := launch.FreePort("127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err = NewServer(testOptions(func(o *Options) { o.PprofPort = port }), defaultPolicy(t), BodyParser{}, logr.Discard())
+		if err != nil && (attempt == 4 || !strings.Contains(err.Error(), "address already in use")) {
+			t.Fatal(err)
+		}
 	}
-	s := newTestServer(t, func(o *Options) { o.PprofPort = port })
 	addr := s.pprofLn.Addr().String()
 	stop := runServer(t, s)
 	cases := []struct {
@@ -202,6 +210,7 @@ func TestServerPprof(t *testing.T) {
 		t.Errorf("GET /debug/pprof/ on the metrics port: %s, want 404", resp.Status)
 	}
 
+	port := s.pprofLn.Addr().(*net.TCPAddr).Port
 	taken := testOptions(func(o *Options) { o.PprofPort = port })
 	if _, err := NewServer(taken, defaultPolicy(t), BodyParser{}, logr.Discard()); err == nil || !strings.Contains(err.Error(), "--pprof-port") {
 		t.Errorf("NewServer on the taken pprof port %d: %v, want an error naming --pprof-port", port, err)
