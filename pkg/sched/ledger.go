@@ -102,6 +102,10 @@ type ledger struct {
 	// and counted no arrival (-1: it has).
 	scrapedAt  int64
 	quietSince int64
+	// interval is the time between fresh scrapes, smoothed (1/4), and
+	// queueEmpty says the last one found no request waiting.
+	interval   int64
+	queueEmpty bool
 	// carry is the part of an arrival our share left over at the last
 	// scrape while grants waited for one.
 	carry float64
@@ -258,6 +262,7 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 		return l.len() != before
 	}
 	busyNow := m.Waiting > 0
+	l.queueEmpty = !busyNow
 	if m.Has(podmetrics.PromptTokens) {
 		switch {
 		case !l.counterKnown:
@@ -357,6 +362,9 @@ func (c *Core) arrivalsSince(now int64, e *endpoint, m *podmetrics.Metrics) floa
 		l.quietSince = -1
 	case l.quietSince < 0:
 		l.quietSince = l.scrapedAt // quiet since the previous scrape
+	}
+	if l.arrivalsKnown && now > l.scrapedAt {
+		l.interval += (now - l.scrapedAt - l.interval) / 4
 	}
 	l.arrivalsKnown, l.lastArrivals, l.scrapedAt = true, arrivals, now
 	return got
@@ -486,7 +494,8 @@ func (c *Core) nextDrained(e *endpoint) (at int64, ok bool) {
 
 // predictionLead is how far prediction may run ahead of e's engine's
 // counts, in prompt tokens: the most prefill the busy test lets any class
-// keep at e, times our share of the engine (at least minPredictShare).
+// keep at e (or one scrape interval's prefill, see below), times our
+// share of the engine (at least minPredictShare).
 // Requests still on their way to the engine, which prediction cannot tell
 // from prefilled ones, then never add up to more than our part of a busy
 // test's worth; with the whole of it, replicas each predicting ahead
@@ -500,6 +509,12 @@ func (c *Core) predictionLead(e *endpoint) uint64 {
 			continue
 		}
 		lead = max(lead, c.pol.Busy[i].Limit(e.maxBatched))
+	}
+	// An engine that prefills more than a busy test's worth between two
+	// scrapes, and whose queue the last scrape found empty, would idle
+	// until the next one if prediction could not cover the interval.
+	if e.led.queueEmpty {
+		lead = max(lead, uint64(e.led.rate*float64(e.led.interval)/1e9))
 	}
 	return uint64(float64(lead) * max(e.led.share, minPredictShare))
 }
