@@ -30,7 +30,7 @@ const maxEngineWaiting = 2 * 4
 // takes only its share of the engine's arrivals for its own, but the
 // share is measured, and at the start of a run the gateways, busy with a
 // TLS handshake per request, hold answers for hundreds of milliseconds:
-// measured 7 to 10 over 10 runs alone (8 or less in 7 of them). The
+// measured 7 to 12 over 14 runs alone (8 or less in 9 of them). The
 // bound leaves room for a machine loaded by the other suites and still
 // tells a bounded queue from a flood (215 to 528 for a picker that
 // releases at the end of the stream).
