@@ -165,10 +165,9 @@ const shareEWMA = 0.125
 // (the next scrape's count corrects it).
 const minPredictShare = 0.25
 
-// minShare is the least share a replica takes: one that sends a little
-// among many still predicts some of the engine's prefill as its own, so
-// a lull in the others' traffic never leaves it waiting a whole scrape
-// interval.
+// minShare is the least share a replica measures: matching arrivals to
+// its grants never takes less than this part of them (prediction has its
+// own floor, minPredictShare).
 const minShare = 1.0 / 16
 
 // arrivalSlack is how long after it was sent a grant is assumed to have
@@ -352,7 +351,7 @@ func (c *Core) arrivalsSince(now int64, e *endpoint, m *podmetrics.Metrics) floa
 		l.arrivalsKnown, l.quietSince = false, -1
 		return math.Inf(1)
 	}
-	arrivals := float64(m.Waiting+m.Running) + m.Finished
+	arrivals := engineArrivals(m)
 	got := math.Inf(1)
 	if l.arrivalsKnown && arrivals >= l.lastArrivals {
 		got = (arrivals-l.lastArrivals)*min(1, shareMargin*l.share) + l.carry
@@ -370,6 +369,12 @@ func (c *Core) arrivalsSince(now int64, e *endpoint, m *podmetrics.Metrics) floa
 	return got
 }
 
+// engineArrivals is how many requests the engine has received, by its
+// own counts: those waiting, running and finished (m must have Finished).
+func engineArrivals(m *podmetrics.Metrics) float64 {
+	return float64(m.Waiting+m.Running) + m.Finished
+}
+
 // learnShare updates e's share of its engine's arrivals from a fresh
 // scrape at now (see the file comment).
 func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) {
@@ -382,7 +387,7 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) {
 		}
 		return
 	}
-	arrivals := float64(m.Waiting+m.Running) + m.Finished
+	arrivals := engineArrivals(m)
 	switch {
 	case !l.shareKnown || arrivals < l.shareArrivals:
 		l.shareKnown, l.shareAt, l.shareArrivals, l.shareSent = true, now, arrivals, e.sent
