@@ -49,9 +49,26 @@ import (
 //     prediction.
 //
 // Our share is what we sent to the endpoint over the engine's arrivals,
-// over windows of rateWindow in which what we hold unconfirmed did not
-// grow, smoothed; without a finished-request counter it is our part of
-// the waiting queue, and a grant arrives arrivalSlack after it was sent.
+// over windows of rateWindow in which the engine had requests waiting at
+// every scrape, smoothed; without a finished-request counter it is our
+// part of the waiting queue, and a grant arrives arrivalSlack after it
+// was sent. Only full windows count because what we sent in a window
+// reaches the engine a gateway's transit later: while the engine's queue
+// is empty, the requests on their way are what it lacks, and at the
+// start of a burst, or while a gateway stalls, what we sent far exceeds
+// what arrived of it (each replica would measure most of the engine for
+// itself); as a burst ends the reverse. With requests waiting
+// throughout, what is on its way changes little over a window. The
+// shares then add up to about 1, and a replica takes no more of the
+// engine's arrivals than its own.
+//
+// A replica that has measured no full window yet takes the whole engine
+// (share 1): alone, anything less would hold grants the engine already
+// counts and starve it. Replicas that start cold together behind a slow
+// gateway can therefore each take the other's first arrivals for their
+// own, and their first bursts can land together (TestTwoPickersOneEngine
+// runs with response phases first, as a deployment does before its
+// gateways change, and measured 20 and 11 cold).
 //
 // The ledger is owned by the core's goroutine, like the rest of the
 // endpoint; its cost is O(1) amortised per grant (each enters and leaves
@@ -81,12 +98,14 @@ type ledger struct {
 	// share is the part of the engine's arrivals that is ours, in
 	// (0, 1], measured over windows starting at shareAt with the engine's
 	// arrivals at shareArrivals and our dispatches at shareSent
-	// (shareKnown: a window is open).
+	// (shareKnown: a window is open); shareFull says the engine had
+	// requests waiting at every scrape of the window so far.
 	share         float64
 	shareKnown    bool
 	shareAt       int64
 	shareArrivals float64
 	shareSent     uint64
+	shareFull     bool
 	// lastArrivals is the engine's arrivals (waiting + running + finished
 	// requests) at the last fresh scrape, if arrivalsKnown.
 	lastArrivals  float64
@@ -151,9 +170,12 @@ func (l *ledger) pop() *Grant {
 // saturated windows count.
 const rateEWMA = 0.25
 
-// shareEWMA weighs a new share sample: a window holds a few dozen
-// arrivals at most on a small engine, so one window's share is noisy.
-const shareEWMA = 0.125
+// shareEWMA weighs a new share sample: about the last four full
+// windows count. A window holds a few dozen arrivals on a small engine,
+// so one window's share is noisy; a slower average, though, carries a
+// share measured while another replica was idle (at 1, say) well into
+// the time both send, and both take the other's arrivals for their own.
+const shareEWMA = 0.25
 
 // minPredictShare is the least share of the engine's prefill rate
 // prediction takes: a replica whose requests the others crowd out sends
@@ -185,11 +207,6 @@ const arrivalSlack = int64(10 * time.Millisecond)
 // second on a starved node, and holding a lost grant costs only a little
 // of the endpoint's admission for that long.
 const maxTransit = int64(3 * time.Second)
-
-// shareMargin widens our share of the engine's arrivals when matching
-// them to our grants: a share measured a little low would hold grants
-// the engine already counts (twice, until the engine goes quiet).
-const shareMargin = 1.1
 
 // quietCatchUp is how long an engine must hold nothing and count no
 // arrival before the grants sent before that are taken as arrived: what
@@ -337,7 +354,11 @@ func (l *ledger) arrived(sentAt, now int64, budget *float64) bool {
 
 // arrivalsSince is our part of the requests that reached e's engine since
 // the last fresh scrape, by its own counts (waiting + running + finished
-// requests), widened by shareMargin: math.Inf without a finished-request
+// requests) times our share, not widened: the replicas' parts then add
+// up to the engine's arrivals, and one that takes a little less than its
+// own holds a grant the engine already counts until its part of later
+// arrivals (or the carry) catches up, while one that takes more would
+// release a grant still on its way. math.Inf without a finished-request
 // counter, or at the first count and after a restart (then the time
 // since a grant was sent says alone whether it arrived). Without it a
 // picker would take every grant sent arrivalSlack ago for arrived, and
@@ -354,7 +375,7 @@ func (c *Core) arrivalsSince(now int64, e *endpoint, m *podmetrics.Metrics) floa
 	arrivals := engineArrivals(m)
 	got := math.Inf(1)
 	if l.arrivalsKnown && arrivals >= l.lastArrivals {
-		got = (arrivals-l.lastArrivals)*min(1, shareMargin*l.share) + l.carry
+		got = (arrivals-l.lastArrivals)*l.share + l.carry
 	}
 	switch {
 	case !l.arrivalsKnown || arrivals != l.lastArrivals || m.Waiting+m.Running > 0:
@@ -376,7 +397,9 @@ func engineArrivals(m *podmetrics.Metrics) float64 {
 }
 
 // learnShare updates e's share of its engine's arrivals from a fresh
-// scrape at now (see the file comment).
+// scrape at now: a window of rateWindow or more in which the engine had
+// requests waiting at every scrape gives a sample, what we sent over
+// what arrived (see the file comment).
 func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) {
 	l := &e.led
 	if !m.Has(podmetrics.Finished) {
@@ -388,15 +411,17 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) {
 		return
 	}
 	arrivals := engineArrivals(m)
+	full := m.Waiting > 0
+	l.shareFull = l.shareFull && full
 	switch {
 	case !l.shareKnown || arrivals < l.shareArrivals:
-		l.shareKnown, l.shareAt, l.shareArrivals, l.shareSent = true, now, arrivals, e.sent
+		l.shareKnown, l.shareAt, l.shareArrivals, l.shareSent, l.shareFull = true, now, arrivals, e.sent, full
 	case now-l.shareAt >= rateWindow:
-		if got := arrivals - l.shareArrivals; got >= 1 {
+		if got := arrivals - l.shareArrivals; got >= 1 && l.shareFull {
 			sample := min(1, max(minShare, float64(e.sent-l.shareSent)/got))
 			l.share += shareEWMA * (sample - l.share)
 		}
-		l.shareAt, l.shareArrivals, l.shareSent = now, arrivals, e.sent
+		l.shareAt, l.shareArrivals, l.shareSent, l.shareFull = now, arrivals, e.sent, full
 	}
 }
 

@@ -168,32 +168,40 @@ func TestChargedGrantsAreNotCountedTwice(t *testing.T) {
 
 // TestShareOfArrivals: another replica in front of the same engine
 // grows the same counts. Our share of the engine's arrivals, measured
-// over windows in which what we hold did not grow, is what we sent over
-// what arrived; only that part (widened by shareMargin) of an arrival is
+// over windows in which the engine had requests waiting at every scrape,
+// is what we sent over what arrived; only that part of an arrival is
 // matched to our grants, and what is left over carries to the next
 // scrape while grants wait.
 func TestShareOfArrivals(t *testing.T) {
-	c := ledgerCore(t)
+	c := ledgerCore(t) // a window opens with the engine's queue empty
+	l := ledgerOf(c)
 	for i := range 2 {
 		c.Release(grantNow(t, c, ms(int64(1+i)), 512), EventDone)
 	}
-	counted(c, ms(100), 0, 8, 0) // 8 arrived: two of them ours
-	counted(c, ms(500), 0, 8, 0)
-	l := ledgerOf(c)
+	counted(c, ms(100), 1, 7, 0) // 8 arrived: two of them ours
+	counted(c, ms(500), 1, 7, 0)
+	if l.share != 1 {
+		t.Fatalf("after a window that began with the queue empty: share %v, want 1 (no sample: what was sent may be on its way)", l.share)
+	}
+	for i := range 2 {
+		c.Release(grantNow(t, c, ms(int64(501+i)), 512), EventDone)
+	}
+	counted(c, ms(700), 1, 7, 8) // 8 more arrived: two of them ours
+	counted(c, ms(1000), 1, 7, 8)
 	if want := 1 + shareEWMA*(0.25-1); l.share != want || l.len() != 0 {
-		t.Fatalf("after a window with 2 of 8 arrivals ours: share %v, %d awaiting; want %v, none", l.share, l.len(), want)
+		t.Fatalf("after a full window with 2 of 8 arrivals ours: share %v, %d awaiting; want %v, none", l.share, l.len(), want)
 	}
 	for i := range 3 {
-		counted(c, ms(int64(600+100*i)), 0, 8, 0) // a window that closes with no arrival leaves the share
+		counted(c, ms(int64(1100+100*i)), 0, 8, 8) // a window that closes with no arrival leaves the share
 	}
 	l.share, l.shareKnown = 0.5, false // as if measured; a new window
-	g := grantNow(t, c, ms(901), 512)
+	g := grantNow(t, c, ms(1401), 512)
 	c.Release(g, EventDone)
-	counted(c, ms(1000), 0, 8, 1) // one arrival: 0.55 of it ours
-	if l.len() != 1 || l.carry != 0.55 {
-		t.Fatalf("one arrival at share 0.5: %d awaiting, carry %v; want 1, 0.55", l.len(), l.carry)
+	counted(c, ms(1500), 0, 8, 9) // one arrival: half of it ours
+	if l.len() != 1 || l.carry != 0.5 {
+		t.Fatalf("one arrival at share 0.5: %d awaiting, carry %v; want 1, 0.5", l.len(), l.carry)
 	}
-	counted(c, ms(1100), 0, 8, 2) // another: 1.1 with the carry
+	counted(c, ms(1600), 0, 8, 10) // another: a whole one with the carry
 	if l.len() != 0 || l.carry != 0 {
 		t.Fatalf("a second arrival: %d awaiting, carry %v; want none, 0", l.len(), l.carry)
 	}
