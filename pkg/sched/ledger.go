@@ -122,7 +122,8 @@ type ledger struct {
 	scrapedAt  int64
 	quietSince int64
 	// interval is the time between fresh scrapes, smoothed (1/4), and
-	// queueEmpty says the last one found no request waiting.
+	// queueEmpty says the last one found no request waiting while
+	// nothing we sent was held up on its way (stalled).
 	interval   int64
 	queueEmpty bool
 	// carry is the part of an arrival our share left over at the last
@@ -332,7 +333,28 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 	if l.len() > 0 && budget < 1 {
 		l.carry = budget
 	}
+	// An empty queue starves the engine only if nothing we sent is held
+	// up on its way there: a grant sent a scrape interval ago that is not
+	// in the engine's counts yet means a gateway holds the requests, and
+	// they will land together (predictionLead).
+	l.queueEmpty = l.queueEmpty && !l.stalled(now)
 	return l.len() != before
+}
+
+// stalled reports whether a grant sent a scrape interval or more before
+// a fresh scrape at now is still not in the engine's counts, as far as
+// our part of its arrivals tells: released by prediction but not yet
+// shown, or still awaiting. Prediction takes from the ledger's head, so
+// the oldest is the ahead list's first, else the ledger's.
+func (l *ledger) stalled(now int64) bool {
+	held := now - max(l.interval, arrivalSlack)
+	switch {
+	case len(l.ahead) > 0:
+		return l.ahead[0].sentAt <= held
+	case l.len() > 0:
+		return l.oldest().sentAt <= held
+	}
+	return false
 }
 
 // arrived reports whether a grant sent at sentAt is in the engine's
@@ -543,6 +565,9 @@ func (c *Core) predictionLead(e *endpoint) uint64 {
 	// An engine that prefills more than a busy test's worth between two
 	// scrapes, and whose queue the last scrape found empty, would idle
 	// until the next one if prediction could not cover the interval.
+	// Not while our requests are held up on their way (stalled): the
+	// queue is empty because a gateway holds them, and what prediction
+	// released on top would land with them.
 	if e.led.queueEmpty {
 		lead = max(lead, uint64(e.led.rate*float64(e.led.interval)/1e9))
 	}

@@ -412,3 +412,45 @@ func TestStrangersLeavePrefill(t *testing.T) {
 		t.Fatalf("after a scrape showing 4 waiting, one of them ours: %+v, want 3 strangers", e)
 	}
 }
+
+// TestIntervalLeadOnlyWhenStarving: while the last scrape found the
+// engine's queue empty, prediction may run a scrape interval's prefill
+// ahead (at a small busy limit the engine would otherwise idle between
+// scrapes), but only if nothing we sent is held up on its way: a grant
+// sent a scrape interval ago that the engine's arrivals have not shown
+// means a gateway holds our requests, the queue is empty because of
+// that, and what prediction released would land together with them
+// (found by TestTwoPickersOneEngine: two pickers each with 4 grants held
+// and 4 predicted ahead while slow gateways held them, engine waiting 10
+// and 11).
+func TestIntervalLeadOnlyWhenStarving(t *testing.T) {
+	c := ledgerCore(t)
+	counts := func(now int64, finished, promptTokens float64) {
+		c.SetMetrics(now, ep1, podmetrics.Metrics{
+			Known:    podmetrics.Waiting | podmetrics.Running | podmetrics.PromptTokens | podmetrics.Finished,
+			Finished: finished, PromptTokens: promptTokens,
+		}, false)
+	}
+	// The engine prefills 100,000 tokens/s, scraped every 100 ms.
+	for i := int64(1); i <= 12; i++ {
+		counts(ms(100*i), 0, float64(10000*i))
+	}
+	e, l := c.reg.byAddr[ep1], ledgerOf(c)
+	starving := func() uint64 { return uint64(l.rate * float64(l.interval) / 1e9) }
+	if l.rate != 100000 || starving() <= 1536 || c.predictionLead(e) != starving() {
+		t.Fatalf("an idle engine: rate %v, lead %d; want 100000 and a scrape interval's prefill, %d (over the 1536 limit)", l.rate, c.predictionLead(e), starving())
+	}
+	c.Release(grantNow(t, c, ms(1220), 512), EventDone) // on its way, header-only
+	counts(ms(1300), 0, 120000)
+	if l.len() != 1 || c.predictionLead(e) != starving() {
+		t.Fatalf("a grant sent 80 ms ago, not arrived: %d awaiting, lead %d; want 1, %d (it may arrive any moment)", l.len(), c.predictionLead(e), starving())
+	}
+	counts(ms(1400), 0, 120000)
+	if l.len() != 1 || c.predictionLead(e) != 1536 {
+		t.Fatalf("a grant sent 180 ms ago, not arrived: %d awaiting, lead %d; want 1, the busy limit 1536 (held up on its way)", l.len(), c.predictionLead(e))
+	}
+	counts(ms(1500), 1, 120512) // it arrived, and was served
+	if l.len() != 0 || c.predictionLead(e) != starving() {
+		t.Fatalf("the grant arrived: %d awaiting, lead %d; want none, %d", l.len(), c.predictionLead(e), starving())
+	}
+}
