@@ -280,7 +280,6 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 		return l.len() != before
 	}
 	busyNow := m.Waiting > 0
-	l.queueEmpty = !busyNow
 	if m.Has(podmetrics.PromptTokens) {
 		switch {
 		case !l.counterKnown:
@@ -338,7 +337,7 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 	// up on its way there: a grant sent a scrape interval ago that is not
 	// in the engine's counts yet means a gateway holds the requests, and
 	// they will land together (predictionLead).
-	l.queueEmpty = l.queueEmpty && !l.stalled(now)
+	l.queueEmpty = !busyNow && !l.stalled(now)
 	return l.len() != before
 }
 

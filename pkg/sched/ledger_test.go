@@ -30,9 +30,15 @@ func scrape(c *Core, now int64, waiting, running int, promptTokens float64) {
 // arrivals: waiting, running and finished requests, and the prompt-token
 // counter at 0.
 func counted(c *Core, now int64, waiting, running int, finished float64) {
+	countedPrefill(c, now, waiting, running, finished, 0)
+}
+
+// countedPrefill is counted with the prompt-token counter at
+// promptTokens.
+func countedPrefill(c *Core, now int64, waiting, running int, finished, promptTokens float64) {
 	c.SetMetrics(now, ep1, podmetrics.Metrics{
 		Known:   podmetrics.Waiting | podmetrics.Running | podmetrics.PromptTokens | podmetrics.Finished,
-		Waiting: waiting, Running: running, Finished: finished,
+		Waiting: waiting, Running: running, Finished: finished, PromptTokens: promptTokens,
 	}, false)
 }
 
@@ -425,12 +431,7 @@ func TestStrangersLeavePrefill(t *testing.T) {
 // and 11).
 func TestIntervalLeadOnlyWhenStarving(t *testing.T) {
 	c := ledgerCore(t)
-	counts := func(now int64, finished, promptTokens float64) {
-		c.SetMetrics(now, ep1, podmetrics.Metrics{
-			Known:    podmetrics.Waiting | podmetrics.Running | podmetrics.PromptTokens | podmetrics.Finished,
-			Finished: finished, PromptTokens: promptTokens,
-		}, false)
-	}
+	counts := func(now int64, finished, promptTokens float64) { countedPrefill(c, now, 0, 0, finished, promptTokens) }
 	// The engine prefills 100,000 tokens/s, scraped every 100 ms.
 	for i := int64(1); i <= 12; i++ {
 		counts(ms(100*i), 0, float64(10000*i))
