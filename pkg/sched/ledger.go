@@ -2,6 +2,7 @@ package sched
 
 import (
 	"math"
+	"slices"
 	"time"
 
 	"github.com/laneway-dev/laneway/pkg/drr"
@@ -122,10 +123,15 @@ type ledger struct {
 	// and counted no arrival (-1: it has).
 	scrapedAt  int64
 	quietSince int64
-	// interval is the time between fresh scrapes, smoothed (1/4), and
-	// queueEmpty says the last one found no request waiting while
+	// interval is the time between fresh scrapes: the median of the
+	// last len(gaps) (gaps[nextGap] is the oldest once all are filled),
+	// so that one scrape delayed on a loaded node does not stretch it.
+	// queueEmpty says the last scrape found no request waiting while
 	// nothing we sent was held up on its way (stalled).
 	interval   int64
+	gaps       [5]int64
+	nGaps      int
+	nextGap    int
 	queueEmpty bool
 	// carry is the part of an arrival our share left over at the last
 	// scrape while grants waited for one.
@@ -406,10 +412,22 @@ func (c *Core) arrivalsSince(now int64, e *endpoint, m *podmetrics.Metrics) floa
 		l.quietSince = l.scrapedAt // quiet since the previous scrape
 	}
 	if l.arrivalsKnown && now > l.scrapedAt {
-		l.interval += (now - l.scrapedAt - l.interval) / 4
+		l.noteGap(now - l.scrapedAt)
 	}
 	l.arrivalsKnown, l.lastArrivals, l.scrapedAt = true, arrivals, now
 	return got
+}
+
+// noteGap records the time between two fresh scrapes and sets interval
+// to the median of the recent ones.
+func (l *ledger) noteGap(gap int64) {
+	l.gaps[l.nextGap] = gap
+	l.nextGap = (l.nextGap + 1) % len(l.gaps)
+	l.nGaps = min(l.nGaps+1, len(l.gaps))
+	var sorted [len(l.gaps)]int64
+	n := copy(sorted[:], l.gaps[:l.nGaps])
+	slices.Sort(sorted[:n])
+	l.interval = sorted[n/2]
 }
 
 // engineArrivals is how many requests the engine has received, by its
@@ -546,8 +564,9 @@ func (c *Core) nextDrained(e *endpoint) (at int64, ok bool) {
 
 // predictionLead is how far prediction may run ahead of e's engine's
 // counts, in prompt tokens: the most prefill the busy test lets any class
-// keep at e (or one scrape interval's prefill, see below), times our
-// share of the engine (at least minPredictShare).
+// keep at e (or, while the engine's queue is empty, one scrape interval's
+// prefill less that, see below), times our share of the engine (at least
+// minPredictShare).
 // Requests still on their way to the engine, which prediction cannot tell
 // from prefilled ones, then never add up to more than our part of a busy
 // test's worth; with the whole of it, replicas each predicting ahead
@@ -564,12 +583,19 @@ func (c *Core) predictionLead(e *endpoint) uint64 {
 	}
 	// An engine that prefills more than a busy test's worth between two
 	// scrapes, and whose queue the last scrape found empty, would idle
-	// until the next one if prediction could not cover the interval.
-	// Not while our requests are held up on their way (stalled): the
-	// queue is empty because a gateway holds them, and what prediction
-	// released on top would land with them.
-	if e.led.queueEmpty {
-		lead = max(lead, uint64(e.led.rate*float64(e.led.interval)/1e9))
+	// until the next one if prediction could not cover the interval. The
+	// busy test's worth that stays charged feeds it through the interval
+	// too, so the lead covers the rest: what is on its way at once stays
+	// near one interval's prefill, which a gateway that holds it lands in
+	// the engine's queue together (with the whole interval on top, a lone
+	// picker behind a gateway stalled on a loaded node had 16 requests on
+	// their way to a 4-sequence engine, whose queue reached 12 and 15).
+	// Not while our requests are held up
+	// on their way (stalled): the queue is empty because a gateway holds
+	// them, and what prediction released on top would land with them.
+	if l := &e.led; l.queueEmpty {
+		interval := uint64(l.rate * float64(l.interval) / 1e9)
+		lead = max(lead, interval-min(interval, lead))
 	}
 	return uint64(float64(lead) * max(e.led.share, minPredictShare))
 }
