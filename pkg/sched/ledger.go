@@ -63,14 +63,25 @@ import (
 // shares then add up to about 1, and a replica takes no more of the
 // engine's arrivals than its own.
 //
-// A replica that has measured no full window yet takes the whole engine
-// (share 1): alone, anything less would hold grants the engine already
-// counts and starve it. Replicas that start cold together behind a slow
-// gateway can therefore each take the other's first arrivals for their
-// own, and their first bursts can land together (TestTwoPickersOneEngine
-// runs with response phases first, as a deployment does before its
-// gateways change; run cold, the header-only run measured engine
-// waiting 9, 11 and 25, and premium 238 once).
+// A replica that has measured no full window yet takes every arrival
+// for its own while the engine has counted no more arrivals than it sent
+// since its first count (alone, it cannot count more, and anything less
+// than the whole engine would hold grants the engine already counts and
+// starve it); once the engine has counted more, its share is what it
+// sent over what arrived. Replicas that start cold together behind a
+// slow gateway still take some of each other's first arrivals for their
+// own while most of what each sent is on its way, and their first
+// bursts can land together (TestTwoPickersOneEngine runs with response
+// phases first, as a deployment does before its gateways change; run
+// cold, the header-only run measured engine waiting 4 to 10 over eight
+// runs, above 8 in three).
+//
+// A share measured while another replica sent rises again (at the same
+// weight, towards 1) after two windows in a row, neither full, in which
+// every arrival could have been ours: sent in the window or on its way
+// at its start. Else a replica left alone, matching only its old share
+// of its own arrivals, would hold its grants until the engine went
+// quiet, at a fraction of its rate.
 //
 // The ledger is owned by the core's goroutine, like the rest of the
 // endpoint; its cost is O(1) amortised per grant (each enters and leaves
@@ -108,6 +119,19 @@ type ledger struct {
 	shareArrivals float64
 	shareSent     uint64
 	shareFull     bool
+	// shareOpen is how many of our grants the engine's arrivals had not
+	// shown at the window's start; aloneWindows counts the windows in a
+	// row, none full, whose arrivals could all have been ours.
+	shareOpen    int
+	aloneWindows int
+	// Until a full window has given a sample (shareSampled), the share
+	// is what we sent since the first count (the engine's arrivals at
+	// baseArrivals, our dispatches at baseSent, baseKnown) over what
+	// arrived since, once that is more than we sent; else 1.
+	shareSampled bool
+	baseKnown    bool
+	baseArrivals float64
+	baseSent     uint64
 	// lastArrivals is the engine's arrivals (waiting + running + finished
 	// requests) at the last fresh scrape, if arrivalsKnown.
 	lastArrivals  float64
@@ -301,7 +325,7 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 			l.ahead, l.aheadTokens = l.ahead[:0], 0
 			e.auto.Reset(e.maxBatched)
 			l.winAt, l.winCounter, l.winBusy = now, m.PromptTokens, busyNow
-			l.shareKnown = false
+			l.shareKnown, l.baseKnown = false, false
 		default:
 			c.learnRate(l, m.PromptTokens, now, busyNow)
 		}
@@ -457,11 +481,45 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) {
 	case !l.shareKnown || arrivals < l.shareArrivals:
 		l.shareKnown, l.shareAt, l.shareArrivals, l.shareSent, l.shareFull = true, now, arrivals, e.sent, full
 	case now-l.shareAt >= rateWindow:
-		if got := arrivals - l.shareArrivals; got >= 1 && l.shareFull {
-			sample := min(1, max(minShare, float64(e.sent-l.shareSent)/got))
-			l.share += shareEWMA * (sample - l.share)
+		got, sent := arrivals-l.shareArrivals, float64(e.sent-l.shareSent)
+		switch {
+		case got < 1:
+		case l.shareFull:
+			l.share += shareEWMA * (min(1, max(minShare, sent/got)) - l.share)
+			l.shareSampled = true
+		case got <= sent+float64(l.shareOpen):
+			// The queue ran empty, and every arrival could have been
+			// ours: sent in the window or on its way at its start.
+			// Over two windows in a row that says no other replica
+			// sends there (one window is not enough: at the start of a
+			// burst every replica's requests are on their way). A
+			// share measured while one did must not outlive it, or
+			// this replica, matching only a part of its own arrivals,
+			// holds its grants until the engine goes quiet.
+			if l.aloneWindows++; l.aloneWindows >= 2 {
+				l.share += shareEWMA * (1 - l.share)
+			}
+		default:
+			l.aloneWindows = 0
+		}
+		if l.shareFull {
+			l.aloneWindows = 0
 		}
 		l.shareAt, l.shareArrivals, l.shareSent, l.shareFull = now, arrivals, e.sent, full
+		l.shareOpen = e.ours() + l.len() + len(l.ahead)
+	}
+	if !l.baseKnown || arrivals < l.baseArrivals {
+		l.baseKnown, l.baseArrivals, l.baseSent, l.shareSampled = true, arrivals, e.sent, false
+	}
+	if !l.shareSampled {
+		// Cold: alone, the engine counts no more arrivals than we sent;
+		// once it counts more, others send there too, and we take no
+		// more than what we sent of them (an overestimate while ours
+		// are on their way, which a full window then corrects).
+		l.share = 1
+		if got, sent := arrivals-l.baseArrivals, float64(e.sent-l.baseSent); got > sent {
+			l.share = max(minShare, sent/got)
+		}
 	}
 }
 

@@ -45,6 +45,13 @@ func countedPrefill(c *Core, now int64, waiting, running int, finished, promptTo
 // ledgerOf is ep1's ledger, for what the snapshot does not show.
 func ledgerOf(c *Core) *ledger { return &c.reg.byAddr[ep1].led }
 
+// warmShare sets ep1's share as if measured over full windows: the
+// engine's arrivals since the first count no longer set it.
+func warmShare(c *Core, share float64) {
+	l := ledgerOf(c)
+	l.share, l.shareSampled = share, true
+}
+
 // grantNow admits a request of raw prompt tokens at now and returns its
 // grant, which must be direct.
 func grantNow(t *testing.T, c *Core, now int64, raw uint64) *Grant {
@@ -81,6 +88,7 @@ func rateCore(t *testing.T) *Core {
 // sent arrivalSlack before the scrape, and among the engine's arrivals.
 func TestStreamEndWithoutFirstByteKeepsTheCharge(t *testing.T) {
 	c := ledgerCore(t)
+	warmShare(c, 1) // measured alone: every arrival may be ours
 	a := grantNow(t, c, ms(1), 512)
 	b := grantNow(t, c, ms(5), 512)
 	c.Release(a, EventDone)
@@ -180,6 +188,7 @@ func TestChargedGrantsAreNotCountedTwice(t *testing.T) {
 // scrape while grants wait.
 func TestShareOfArrivals(t *testing.T) {
 	c := ledgerCore(t) // a window opens with the engine's queue empty
+	warmShare(c, 1)
 	l := ledgerOf(c)
 	for i := range 2 {
 		c.Release(grantNow(t, c, ms(int64(1+i)), 512), EventDone)
@@ -200,7 +209,8 @@ func TestShareOfArrivals(t *testing.T) {
 	for i := range 3 {
 		counted(c, ms(int64(1100+100*i)), 0, 8, 8) // a window that closes with no arrival leaves the share
 	}
-	l.share, l.shareKnown = 0.5, false // as if measured; a new window
+	l.shareKnown = false // a new window
+	warmShare(c, 0.5)
 	g := grantNow(t, c, ms(1401), 512)
 	c.Release(g, EventDone)
 	counted(c, ms(1500), 0, 8, 9) // one arrival: half of it ours
@@ -303,7 +313,7 @@ func TestLostGrantsAndQuietEngines(t *testing.T) {
 	})
 	t.Run("quiet engine", func(t *testing.T) {
 		c := ledgerCore(t)
-		ledgerOf(c).share = 0.5 // another replica's requests arrive too
+		warmShare(c, 0.5) // another replica's requests arrive too
 		c.Release(grantNow(t, c, ms(1), 512), EventDone)
 		counted(c, ms(50), 0, 1, 0)  // it arrived, but 0.55 of an arrival is ours
 		counted(c, ms(100), 0, 0, 1) // quiet since the scrape at 50 ms
@@ -488,5 +498,80 @@ func TestScrapeIntervalIsAMedian(t *testing.T) {
 		if l.interval != ms(tc.want) {
 			t.Errorf("%s: interval %v ms, want %d", tc.name, float64(l.interval)/1e6, tc.want)
 		}
+	}
+}
+
+// TestColdShare: a picker that has measured no full window takes every
+// arrival for its own while the engine counts no more arrivals than it
+// sent since the first count (alone, it cannot count more); once the
+// engine counts more, other replicas send there too, and its share is
+// what it sent over what arrived. The first full window's sample then
+// moves the share from there, and the count since the start no longer
+// sets it.
+func TestColdShare(t *testing.T) {
+	c := ledgerCore(t)
+	l := ledgerOf(c)
+	for i := range 4 {
+		c.Release(grantNow(t, c, ms(int64(1+i)), 100), EventDone)
+	}
+	counted(c, ms(100), 0, 3, 0) // 3 arrivals of the 4 sent: may all be ours
+	if l.share != 1 || l.len() != 1 {
+		t.Fatalf("3 arrivals, 4 sent: share %v, %d awaiting; want 1, 1", l.share, l.len())
+	}
+	counted(c, ms(200), 1, 4, 1) // 6 arrivals of the 4 sent
+	if l.share != 4.0/6 {
+		t.Fatalf("6 arrivals, 4 sent: share %v, want 4/6", l.share)
+	}
+	counted(c, ms(500), 2, 4, 2) // the first window closes, not full; the next opens
+	counted(c, ms(700), 2, 4, 6)
+	if l.share != 4.0/12 || l.shareSampled {
+		t.Fatalf("12 arrivals, 4 sent: share %v, sampled %t; want 4/12, not sampled", l.share, l.shareSampled)
+	}
+	counted(c, ms(1000), 2, 4, 10) // a full window: 8 arrivals, none ours
+	if want := 4.0/12 + shareEWMA*(minShare-4.0/12); l.share != want || !l.shareSampled {
+		t.Fatalf("after a full window with no arrival ours: share %v, want %v, sampled", l.share, want)
+	}
+	counted(c, ms(1100), 2, 4, 11)
+	if want := 4.0/12 + shareEWMA*(minShare-4.0/12); l.share != want {
+		t.Fatalf("sampled: share %v, want %v (no longer the count since the start)", l.share, want)
+	}
+}
+
+// TestShareRecoversWhenAlone: a share measured while another replica
+// sent rises again once, in two windows in a row whose queue ran empty,
+// every arrival could have been ours (sent in the window, or on its way
+// at its start); one such window is not enough, as at the start of a
+// burst every replica's requests are on their way. Without this a
+// replica left alone matched only its old share of its own arrivals and
+// held its grants until the engine went quiet (TestTwoPickersOneEngine
+// started cold: a share stuck at 0.36, 10 requests a second for the
+// last 18 s of a 26 s run).
+func TestShareRecoversWhenAlone(t *testing.T) {
+	c := ledgerCore(t)
+	warmShare(c, 0.5)
+	l := ledgerOf(c)
+	finished, now := 0.0, int64(0)
+	window := func(sent, arrived int) {
+		for i := range sent {
+			c.Release(grantNow(t, c, now+ms(int64(1+i)), 100), EventDone)
+		}
+		now += ms(500)
+		finished += float64(arrived)
+		counted(c, now, 0, 0, finished)
+	}
+	window(0, 0) // opens the first window
+	window(4, 4)
+	if l.share != 0.5 {
+		t.Fatalf("one window alone: share %v, want 0.5", l.share)
+	}
+	window(4, 4)
+	if want := 0.5 + shareEWMA*0.5; l.share != want {
+		t.Fatalf("two windows alone: share %v, want %v", l.share, want)
+	}
+	before := l.share
+	window(2, 12) // more arrivals than ours could be: another replica
+	window(4, 4)
+	if l.share != before {
+		t.Fatalf("a window with another replica's arrivals, then one alone: share %v, want %v", l.share, before)
 	}
 }
