@@ -73,15 +73,18 @@ import (
 // own while most of what each sent is on its way, and their first
 // bursts can land together (TestTwoPickersOneEngine runs with response
 // phases first, as a deployment does before its gateways change; run
-// cold, the header-only run measured engine waiting 4 to 10 over eight
-// runs, above 8 in three).
+// cold, the header-only run measured engine waiting 3 to 7 in nine runs
+// of ten, and 18 in one).
 //
-// A share measured while another replica sent rises again (at the same
-// weight, towards 1) after two windows in a row, neither full, in which
-// every arrival could have been ours: sent in the window or on its way
-// at its start. Else a replica left alone, matching only its old share
-// of its own arrivals, would hold its grants until the engine went
-// quiet, at a fraction of its rate.
+// Grants our share left unmatched are released when the engine goes
+// quiet (quietCatchUp). Once happens at the end of any burst shared with
+// another replica; twice with no full window between means our own
+// arrivals keep going unmatched, as when the other replicas stopped
+// sending, and the share is measured again from there by the cold rule
+// (alone, the engine never counts more arrivals than we sent, so it
+// returns to 1). Only full windows would otherwise move it, and a
+// replica that holds its own grants never fills the engine's queue: one
+// left alone at 0.36 served about 8 requests a second.
 //
 // The ledger is owned by the core's goroutine, like the rest of the
 // endpoint; its cost is O(1) amortised per grant (each enters and leaves
@@ -119,19 +122,20 @@ type ledger struct {
 	shareArrivals float64
 	shareSent     uint64
 	shareFull     bool
-	// shareOpen is how many of our grants the engine's arrivals had not
-	// shown at the window's start; aloneWindows counts the windows in a
-	// row, none full, whose arrivals could all have been ours.
-	shareOpen    int
-	aloneWindows int
 	// Until a full window has given a sample (shareSampled), the share
-	// is what we sent since the first count (the engine's arrivals at
-	// baseArrivals, our dispatches at baseSent, baseKnown) over what
-	// arrived since, once that is more than we sent; else 1.
+	// is what we sent since the first count, or since the share is
+	// measured again (see reconcile), over what arrived since, once that
+	// is more than we sent; else 1. The engine's arrivals were then at
+	// baseArrivals and our dispatches at baseSent (baseKnown).
 	shareSampled bool
 	baseKnown    bool
 	baseArrivals float64
 	baseSent     uint64
+	// quietReleases counts the scrapes since the last full window at
+	// which grants were taken as arrived because the engine went quiet
+	// (caughtUp: at this scrape), not by our share of its arrivals.
+	quietReleases int
+	caughtUp      bool
 	// lastArrivals is the engine's arrivals (waiting + running + finished
 	// requests) at the last fresh scrape, if arrivalsKnown.
 	lastArrivals  float64
@@ -354,6 +358,19 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 	for l.len() > 0 && l.arrived(l.oldest().sentAt, now, &budget) {
 		c.confirm(e)
 	}
+	// Grants our share left held until the engine went quiet, twice
+	// with no full window between: the share is measured again from
+	// this scrape, as at a cold start (learnShare). Once happens at the
+	// end of any burst shared with another replica; again means our own
+	// arrivals keep going unmatched, as when the other replicas stopped
+	// sending, and a share measured while they sent would hold this one
+	// to a fraction of the engine for as long as it is alone.
+	if l.caughtUp {
+		l.caughtUp = false
+		if l.quietReleases++; l.quietReleases >= 2 {
+			l.baseKnown, l.quietReleases = false, 0
+		}
+	}
 	// A share below one grant per scrape must still match our grants in
 	// time: the part of an arrival left over while grants wait carries
 	// to the next scrape. A whole arrival left over is not carried: it
@@ -395,10 +412,13 @@ func (l *ledger) arrived(sentAt, now int64, budget *float64) bool {
 	switch {
 	case sentAt > now-arrivalSlack:
 		return false
-	case sentAt <= now-maxTransit, l.quietSince >= 0 && sentAt <= l.quietSince-arrivalSlack && now-l.quietSince >= quietCatchUp:
+	case sentAt <= now-maxTransit:
 		return true
 	case *budget >= 1:
 		*budget--
+		return true
+	case l.quietSince >= 0 && sentAt <= l.quietSince-arrivalSlack && now-l.quietSince >= quietCatchUp:
+		l.caughtUp = true
 		return true
 	}
 	return false
@@ -481,32 +501,12 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) {
 	case !l.shareKnown || arrivals < l.shareArrivals:
 		l.shareKnown, l.shareAt, l.shareArrivals, l.shareSent, l.shareFull = true, now, arrivals, e.sent, full
 	case now-l.shareAt >= rateWindow:
-		got, sent := arrivals-l.shareArrivals, float64(e.sent-l.shareSent)
-		switch {
-		case got < 1:
-		case l.shareFull:
-			l.share += shareEWMA * (min(1, max(minShare, sent/got)) - l.share)
-			l.shareSampled = true
-		case got <= sent+float64(l.shareOpen):
-			// The queue ran empty, and every arrival could have been
-			// ours: sent in the window or on its way at its start.
-			// Over two windows in a row that says no other replica
-			// sends there (one window is not enough: at the start of a
-			// burst every replica's requests are on their way). A
-			// share measured while one did must not outlive it, or
-			// this replica, matching only a part of its own arrivals,
-			// holds its grants until the engine goes quiet.
-			if l.aloneWindows++; l.aloneWindows >= 2 {
-				l.share += shareEWMA * (1 - l.share)
-			}
-		default:
-			l.aloneWindows = 0
-		}
-		if l.shareFull {
-			l.aloneWindows = 0
+		if got := arrivals - l.shareArrivals; got >= 1 && l.shareFull {
+			sample := min(1, max(minShare, float64(e.sent-l.shareSent)/got))
+			l.share += shareEWMA * (sample - l.share)
+			l.shareSampled, l.quietReleases = true, 0
 		}
 		l.shareAt, l.shareArrivals, l.shareSent, l.shareFull = now, arrivals, e.sent, full
-		l.shareOpen = e.ours() + l.len() + len(l.ahead)
 	}
 	if !l.baseKnown || arrivals < l.baseArrivals {
 		l.baseKnown, l.baseArrivals, l.baseSent, l.shareSampled = true, arrivals, e.sent, false

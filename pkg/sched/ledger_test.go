@@ -537,41 +537,44 @@ func TestColdShare(t *testing.T) {
 	}
 }
 
-// TestShareRecoversWhenAlone: a share measured while another replica
-// sent rises again once, in two windows in a row whose queue ran empty,
-// every arrival could have been ours (sent in the window, or on its way
-// at its start); one such window is not enough, as at the start of a
-// burst every replica's requests are on their way. Without this a
-// replica left alone matched only its old share of its own arrivals and
-// held its grants until the engine went quiet (TestTwoPickersOneEngine
-// started cold: a share stuck at 0.36, 10 requests a second for the
-// last 18 s of a 26 s run).
-func TestShareRecoversWhenAlone(t *testing.T) {
+// TestQuietEngineMeasuresTheShareAgain: grants a share measured beside
+// another replica left held until the engine went quiet, twice with no
+// full window between, mean this replica's own arrivals keep going
+// unmatched (the others stopped sending): the share is measured again
+// from there, as at a cold start. Without this a replica left alone at a
+// share of 0.36 matched a third of its arrivals and served about 8
+// requests a second (TestTwoPickersOneEngine run cold).
+func TestQuietEngineMeasuresTheShareAgain(t *testing.T) {
 	c := ledgerCore(t)
-	warmShare(c, 0.5)
+	warmShare(c, 0.4)
 	l := ledgerOf(c)
 	finished, now := 0.0, int64(0)
-	window := func(sent, arrived int) {
-		for i := range sent {
+	// burst sends n grants that all arrive and finish by the next scrape,
+	// then leaves the engine quiet past quietCatchUp.
+	burst := func(n int) {
+		for i := range n {
 			c.Release(grantNow(t, c, now+ms(int64(1+i)), 100), EventDone)
 		}
-		now += ms(500)
-		finished += float64(arrived)
-		counted(c, now, 0, 0, finished)
+		finished += float64(n)
+		for _, step := range []int64{100, 100, 600} {
+			now += ms(step)
+			counted(c, now, 0, 0, finished)
+		}
 	}
-	window(0, 0) // opens the first window
-	window(4, 4)
-	if l.share != 0.5 {
-		t.Fatalf("one window alone: share %v, want 0.5", l.share)
+	burst(3)
+	if l.len() != 0 || l.share != 0.4 || !l.shareSampled {
+		t.Fatalf("after one quiet catch-up: %d awaiting, share %v, sampled %t; want none, 0.4 (kept), sampled", l.len(), l.share, l.shareSampled)
 	}
-	window(4, 4)
-	if want := 0.5 + shareEWMA*0.5; l.share != want {
-		t.Fatalf("two windows alone: share %v, want %v", l.share, want)
+	burst(3)
+	now += ms(100)
+	counted(c, now, 0, 0, finished)
+	if l.len() != 0 || l.share != 1 || l.shareSampled {
+		t.Fatalf("after a second: %d awaiting, share %v, sampled %t; want none, 1 (measured again: alone so far), not sampled", l.len(), l.share, l.shareSampled)
 	}
-	before := l.share
-	window(2, 12) // more arrivals than ours could be: another replica
-	window(4, 4)
-	if l.share != before {
-		t.Fatalf("a window with another replica's arrivals, then one alone: share %v, want %v", l.share, before)
+	c.Release(grantNow(t, c, now+ms(1), 100), EventDone)
+	now += ms(100)
+	counted(c, now, 0, 0, finished+4) // 4 arrivals against our 1
+	if l.share != 0.25 {
+		t.Fatalf("another replica sends again: share %v, want 1/4", l.share)
 	}
 }
