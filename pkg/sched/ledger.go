@@ -648,9 +648,9 @@ func (c *Core) predictionLead(e *endpoint) uint64 {
 	// the engine's queue together (with the whole interval on top, a lone
 	// picker behind a gateway stalled on a loaded node had 16 requests on
 	// their way to a 4-sequence engine, whose queue reached 12 and 15).
-	// Not while our requests are held up
-	// on their way (stalled): the queue is empty because a gateway holds
-	// them, and what prediction released on top would land with them.
+	// Not while our requests are held up on their way (stalled): the
+	// queue is empty because a gateway holds them, and what prediction
+	// released on top would land with them.
 	if l := &e.led; l.queueEmpty {
 		interval := uint64(l.rate * float64(l.interval) / 1e9)
 		lead = max(lead, interval-min(interval, lead))
