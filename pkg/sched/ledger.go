@@ -63,26 +63,31 @@ import (
 // shares then add up to about 1, and a replica takes no more of the
 // engine's arrivals than its own.
 //
-// A replica that has measured no full window yet takes every arrival
-// for its own while the engine has counted no more arrivals than it sent
-// since its first count (alone, it cannot count more, and anything less
-// than the whole engine would hold grants the engine already counts and
-// starve it); once the engine has counted more, its share is what it
-// sent over what arrived. Replicas that start cold together behind a
-// slow gateway still take some of each other's first arrivals for their
-// own while most of what each sent is on its way, and their first
-// bursts can land together (TestTwoPickersOneEngine runs with response
-// phases first, as a deployment does before its gateways change; run
-// cold, the header-only run measured engine waiting 3 to 7 in nine runs
-// of ten, and 18 in one).
+// A replica that has measured no full window yet takes coldShare (1/2)
+// of the engine's arrivals, as if one other replica sent as much as it
+// does, until the engine's counts show it alone: aloneScrapes scrapes
+// in a row with no new arrival, and as many arrivals since its first
+// count as it sent (then every grant it sent is in them, and the ones
+// the half share left held are released). From then on its share is 1
+// while the engine has counted no more arrivals than it sent, and what
+// it sent over what arrived once it has counted more. Alone, the half
+// share holds half of what arrives, so the replica sends half as much at
+// each scrape and goes still within a few scrapes: a lone cold picker
+// loses a few hundred milliseconds. Taking every arrival for its own
+// from the start instead, two replicas that started together behind
+// gateways slower than the engine each took the other's first arrivals
+// for their own, sent on, and the gateways landed the excess together
+// (TestTwoPickersOneEngine run cold: engine waiting 14 and 18 in 2 runs
+// of 10; with the half share and the stillness rule none of 20 went
+// above 6).
 //
 // Grants our share left unmatched are released when the engine goes
 // quiet (quietCatchUp). Once happens at the end of any burst shared with
 // another replica; twice with no full window between means our own
 // arrivals keep going unmatched, as when the other replicas stopped
 // sending, and the share is measured again from there by the cold rule
-// (alone, the engine never counts more arrivals than we sent, so it
-// returns to 1). Only full windows would otherwise move it, and a
+// (alone, the engine soon goes still with everything we sent counted,
+// so it returns to 1). Only full windows would otherwise move it, and a
 // replica that holds its own grants never fills the engine's queue: one
 // left alone at 0.36 served about 8 requests a second.
 //
@@ -123,14 +128,19 @@ type ledger struct {
 	shareSent     uint64
 	shareFull     bool
 	// Until a full window has given a sample (shareSampled), the share
-	// is what we sent since the first count, or since the share is
-	// measured again (see reconcile), over what arrived since, once that
-	// is more than we sent; else 1. The engine's arrivals were then at
-	// baseArrivals and our dispatches at baseSent (baseKnown).
+	// is coldShare, or less: what we sent since the first count, or
+	// since the share is measured again (see reconcile), over what
+	// arrived since, once that is more than we sent. The engine's
+	// arrivals were then at baseArrivals and our dispatches at baseSent
+	// (baseKnown). Once the counts have shown us alone (alone: still for
+	// aloneScrapes scrapes in a row, stillScrapes so far) the share is 1
+	// until the engine counts more arrivals than we sent.
 	shareSampled bool
 	baseKnown    bool
 	baseArrivals float64
 	baseSent     uint64
+	alone        bool
+	stillScrapes int
 	// quietReleases counts the scrapes since the last full window at
 	// which grants were taken as arrived because the engine went quiet
 	// (caughtUp: at this scrape), not by our share of its arrivals.
@@ -176,7 +186,32 @@ type sentGrant struct {
 }
 
 // newLedger is the state of an endpoint nothing was sent to yet.
-func newLedger() ledger { return ledger{share: 1, quietSince: -1} }
+func newLedger() ledger { return ledger{share: coldShare, quietSince: -1} }
+
+// coldShare is the share a replica takes of its engine's arrivals until
+// the engine's counts show it alone (aloneScrapes) or a full window
+// measures its part: as if one other replica sent as much as it does.
+// Taken as 1 while the engine had counted no more arrivals than it sent,
+// two replicas that started together behind gateways slower than the
+// engine (a TLS handshake per request for a burst of 640) each took the
+// other's arrivals for their own for the first second, sent on, and the
+// gateways landed the excess together: in 20 cold runs of
+// TestTwoPickersOneEngine, engine waiting 14 and 18 (over twice its
+// sequences) in two and premium 234 of the first 320 in a third; at
+// 1/2, waiting 3 to 6 and premium 252 to 258 in 20 of 20.
+const coldShare = 0.5
+
+// aloneScrapes is how many fresh scrapes in a row must find the engine
+// counting no new arrival, and exactly as many arrivals since the first
+// count as we sent, before a cold replica takes itself for alone:
+// everything it sent has arrived and nobody else sends. A replica alone
+// at coldShare holds half of what arrives, sends half as much at each
+// scrape, and so reaches this within a few hundred milliseconds; two
+// replicas meet it only if no request reaches the engine for that long
+// while its count happens to match what one of them sent, which a
+// gateway stall at the start of a burst can do: with 2 scrapes, one cold
+// run of TestTwoPickersOneEngine in 20 reached engine waiting 14.
+const aloneScrapes = 3
 
 // len is the number of grants awaiting the engine's confirmation.
 func (l *ledger) len() int { return len(l.awaiting) - l.head }
@@ -335,8 +370,13 @@ func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 		}
 		l.counterKnown, l.counter = true, m.PromptTokens
 	}
-	c.learnShare(now, e, m)
+	allArrived := c.learnShare(now, e, m)
 	budget := c.arrivalsSince(now, e, m)
+	if allArrived {
+		// The counts have just shown us alone: the grants coldShare
+		// left held are in them too.
+		budget = math.Inf(1)
+	}
 	// The grants prediction released first (they were sent first), then
 	// the ledger's, oldest first: each sent arrivalSlack before this
 	// scrape is in the engine's counts now, as many as our part of the
@@ -483,8 +523,10 @@ func engineArrivals(m *podmetrics.Metrics) float64 {
 // learnShare updates e's share of its engine's arrivals from a fresh
 // scrape at now: a window of rateWindow or more in which the engine had
 // requests waiting at every scrape gives a sample, what we sent over
-// what arrived (see the file comment).
-func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) {
+// what arrived (see the file comment). It reports whether, before any
+// sample, this scrape showed us alone (aloneScrapes): every grant we
+// sent is in the engine's counts.
+func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) (allArrived bool) {
 	l := &e.led
 	if !m.Has(podmetrics.Finished) {
 		// No arrivals count: our part of the waiting queue.
@@ -492,7 +534,7 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) {
 		if ours := max(e.peakOurs, e.ours()) + l.len(); m.Waiting > ours {
 			l.share = max(minShare, float64(ours)/float64(m.Waiting))
 		}
-		return
+		return false
 	}
 	arrivals := engineArrivals(m)
 	full := m.Waiting > 0
@@ -510,17 +552,33 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) {
 	}
 	if !l.baseKnown || arrivals < l.baseArrivals {
 		l.baseKnown, l.baseArrivals, l.baseSent, l.shareSampled = true, arrivals, e.sent, false
+		l.alone, l.stillScrapes = false, 0
 	}
-	if !l.shareSampled {
-		// Cold: alone, the engine counts no more arrivals than we sent;
-		// once it counts more, others send there too, and we take no
-		// more than what we sent of them (an overestimate while ours
-		// are on their way, which a full window then corrects).
+	if l.shareSampled {
+		return false
+	}
+	// Cold (see coldShare and aloneScrapes). Alone, the engine counts no
+	// more arrivals than we sent; once it counts more, others send there
+	// too, and we take no more than what we sent of them (an
+	// overestimate while ours are on their way, which a full window
+	// then corrects).
+	got, sent := arrivals-l.baseArrivals, float64(e.sent-l.baseSent)
+	if !l.alone {
+		l.stillScrapes++
+		if sent < 1 || got != sent || !l.arrivalsKnown || arrivals != l.lastArrivals {
+			l.stillScrapes = 0
+		}
+		l.alone = l.stillScrapes >= aloneScrapes
+		allArrived = l.alone
+	}
+	l.share = coldShare
+	if l.alone {
 		l.share = 1
-		if got, sent := arrivals-l.baseArrivals, float64(e.sent-l.baseSent); got > sent {
+		if got > sent {
 			l.share = max(minShare, sent/got)
 		}
 	}
+	return allArrived
 }
 
 // learnRate folds the counter into the prefill rate once the current

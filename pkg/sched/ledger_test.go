@@ -122,6 +122,7 @@ func TestStreamEndWithoutFirstByteKeepsTheCharge(t *testing.T) {
 // loaded node can take hundreds of milliseconds.
 func TestArrivalsBoundTheLedger(t *testing.T) {
 	c := ledgerCore(t)
+	warmShare(c, 1) // measured alone
 	for i := range 3 {
 		c.Release(grantNow(t, c, ms(int64(1+i)), 500), EventDone)
 	}
@@ -441,6 +442,7 @@ func TestStrangersLeavePrefill(t *testing.T) {
 // and 11).
 func TestIntervalLeadOnlyWhenStarving(t *testing.T) {
 	c := ledgerCore(t)
+	warmShare(c, 1) // measured alone
 	counts := func(now int64, finished, promptTokens float64) { countedPrefill(c, now, 0, 0, finished, promptTokens) }
 	// The engine prefills 100,000 tokens/s, scraped every 100 ms.
 	for i := int64(1); i <= 12; i++ {
@@ -501,39 +503,53 @@ func TestScrapeIntervalIsAMedian(t *testing.T) {
 	}
 }
 
-// TestColdShare: a picker that has measured no full window takes every
-// arrival for its own while the engine counts no more arrivals than it
-// sent since the first count (alone, it cannot count more); once the
-// engine counts more, other replicas send there too, and its share is
-// what it sent over what arrived. The first full window's sample then
-// moves the share from there, and the count since the start no longer
-// sets it.
+// TestColdShare: a picker that has measured no full window takes
+// coldShare of the engine's arrivals, as if one other replica sent as
+// much as it does, until the counts show it alone: aloneScrapes fresh
+// scrapes in a row with no new arrival and exactly as many arrivals
+// since the first count as it sent. Then every grant it sent is in the
+// engine's counts, and its share is 1 until the engine counts more
+// arrivals than it sent; then what it sent over what arrived. The first
+// full window's sample moves the share from there, and the counts since
+// the start no longer set it. (Taken as 1 from the start, two pickers
+// that start together behind slow gateways each took the other's
+// arrivals for their own: TestTwoPickersOneEngine run cold.)
 func TestColdShare(t *testing.T) {
 	c := ledgerCore(t)
 	l := ledgerOf(c)
 	for i := range 4 {
 		c.Release(grantNow(t, c, ms(int64(1+i)), 100), EventDone)
 	}
-	counted(c, ms(100), 0, 3, 0) // 3 arrivals of the 4 sent: may all be ours
-	if l.share != 1 || l.len() != 1 {
-		t.Fatalf("3 arrivals, 4 sent: share %v, %d awaiting; want 1, 1", l.share, l.len())
+	counted(c, ms(100), 0, 3, 0) // 3 arrivals of the 4 sent: ours or another's
+	if l.share != coldShare || l.len() != 3 || l.carry != 0.5 {
+		t.Fatalf("3 arrivals, 4 sent: share %v, %d awaiting, carry %v; want %v, 3, 0.5", l.share, l.len(), l.carry, coldShare)
 	}
-	counted(c, ms(200), 1, 4, 1) // 6 arrivals of the 4 sent
+	counted(c, ms(200), 1, 3, 0) // 4 arrivals of the 4 sent
+	for i := 3; i <= 4; i++ {
+		counted(c, ms(int64(100*i)), 1, 3, 0)
+	}
+	if l.share != coldShare || l.len() != 2 {
+		t.Fatalf("still for two scrapes: share %v, %d awaiting; want %v, 2", l.share, l.len(), coldShare)
+	}
+	counted(c, ms(500), 1, 3, 0)
+	if l.share != 1 || l.len() != 0 {
+		t.Fatalf("still for %d scrapes, as many arrivals as we sent: share %v, %d awaiting; want 1 (alone), none", aloneScrapes, l.share, l.len())
+	}
+	counted(c, ms(600), 1, 4, 1) // 6 arrivals of the 4 sent
 	if l.share != 4.0/6 {
 		t.Fatalf("6 arrivals, 4 sent: share %v, want 4/6", l.share)
 	}
-	counted(c, ms(500), 2, 4, 2) // the first window closes, not full; the next opens
 	counted(c, ms(700), 2, 4, 6)
 	if l.share != 4.0/12 || l.shareSampled {
 		t.Fatalf("12 arrivals, 4 sent: share %v, sampled %t; want 4/12, not sampled", l.share, l.shareSampled)
 	}
-	counted(c, ms(1000), 2, 4, 10) // a full window: 8 arrivals, none ours
+	counted(c, ms(1000), 2, 4, 10) // a full window since 500 ms: 12 arrivals, none ours
 	if want := 4.0/12 + shareEWMA*(minShare-4.0/12); l.share != want || !l.shareSampled {
 		t.Fatalf("after a full window with no arrival ours: share %v, want %v, sampled", l.share, want)
 	}
 	counted(c, ms(1100), 2, 4, 11)
 	if want := 4.0/12 + shareEWMA*(minShare-4.0/12); l.share != want {
-		t.Fatalf("sampled: share %v, want %v (no longer the count since the start)", l.share, want)
+		t.Fatalf("sampled: share %v, want %v (no longer the counts since the start)", l.share, want)
 	}
 }
 
@@ -568,13 +584,26 @@ func TestQuietEngineMeasuresTheShareAgain(t *testing.T) {
 	burst(3)
 	now += ms(100)
 	counted(c, now, 0, 0, finished)
-	if l.len() != 0 || l.share != 1 || l.shareSampled {
-		t.Fatalf("after a second: %d awaiting, share %v, sampled %t; want none, 1 (measured again: alone so far), not sampled", l.len(), l.share, l.shareSampled)
+	if l.len() != 0 || l.share != coldShare || l.shareSampled {
+		t.Fatalf("after a second: %d awaiting, share %v, sampled %t; want none, %v (measured again), not sampled", l.len(), l.share, l.shareSampled, coldShare)
 	}
+	for i := range 3 {
+		c.Release(grantNow(t, c, now+ms(int64(1+i)), 100), EventDone)
+	}
+	for range 1 + aloneScrapes {
+		now += ms(100)
+		counted(c, now, 0, 3, finished) // the three arrived, and nothing else
+	}
+	if l.len() != 0 || l.share != 1 {
+		t.Fatalf("the engine counts the three we sent, and no more: %d awaiting, share %v; want none, 1 (alone)", l.len(), l.share)
+	}
+	finished += 3
+	now += ms(100)
+	counted(c, now, 0, 0, finished)
 	c.Release(grantNow(t, c, now+ms(1), 100), EventDone)
 	now += ms(100)
 	counted(c, now, 0, 0, finished+4) // 4 arrivals against our 1
-	if l.share != 0.25 {
-		t.Fatalf("another replica sends again: share %v, want 1/4", l.share)
+	if l.share != 4.0/7 {
+		t.Fatalf("another replica sends again: share %v, want 4/7 (sent over arrived since measured again)", l.share)
 	}
 }
