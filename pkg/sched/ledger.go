@@ -65,21 +65,22 @@ import (
 //
 // A replica that has measured no full window yet takes coldShare (1/2)
 // of the engine's arrivals, as if one other replica sent as much as it
-// does, until the engine's counts show it alone: aloneScrapes scrapes
-// in a row with no new arrival, and as many arrivals since its first
-// count as it sent (then every grant it sent is in them, and the ones
-// the half share left held are released). From then on its share is 1
-// while the engine has counted no more arrivals than it sent, and what
-// it sent over what arrived once it has counted more. Alone, the half
-// share holds half of what arrives, so the replica sends half as much at
-// each scrape and goes still within a few scrapes: a lone cold picker
-// loses a few hundred milliseconds. Taking every arrival for its own
-// from the start instead, two replicas that started together behind
-// gateways slower than the engine each took the other's first arrivals
-// for their own, sent on, and the gateways landed the excess together
+// does, until the engine's counts show it alone: as many arrivals since
+// its first count as it sent, at aloneStillScrapes scrapes in a row
+// with no new arrival or at aloneEvenScrapes in a row (then every grant
+// it sent is in them, and the ones the half share left held are
+// released). From then on its share is 1 while the engine has counted
+// no more arrivals than it sent, and what it sent over what arrived
+// once it has counted more. Alone behind a quick gateway, the engine
+// counts everything it sent at almost every scrape; behind a slow one,
+// the half share holds half of what arrives, so the replica sends less
+// at each scrape and goes still within a few: a lone cold picker loses
+// up to a second at half its share. Taking every arrival for its own from the start
+// instead, two replicas that started together behind gateways slower
+// than the engine each took the other's first arrivals for their own,
+// sent on, and the gateways landed the excess together
 // (TestTwoPickersOneEngine run cold: engine waiting 14 and 18 in 2 runs
-// of 10; with the half share and the stillness rule none of 20 went
-// above 6).
+// of 20; with the half share, 11 in 1 of 20, see coldShare).
 //
 // Grants our share left unmatched are released when the engine goes
 // quiet (quietCatchUp). Once happens at the end of any burst shared with
@@ -127,20 +128,21 @@ type ledger struct {
 	shareArrivals float64
 	shareSent     uint64
 	shareFull     bool
-	// Until a full window has given a sample (shareSampled), the share
-	// is coldShare, or less: what we sent since the first count, or
-	// since the share is measured again (see reconcile), over what
-	// arrived since, once that is more than we sent. The engine's
-	// arrivals were then at baseArrivals and our dispatches at baseSent
-	// (baseKnown). Once the counts have shown us alone (alone: still for
-	// aloneScrapes scrapes in a row, stillScrapes so far) the share is 1
-	// until the engine counts more arrivals than we sent.
+	// Until a full window has given a sample (shareSampled), the share is
+	// coldShare until the engine's arrivals since the first count, or
+	// since the share is measured again (see reconcile), have shown us
+	// alone (alone): equal to what we sent since for aloneStillScrapes
+	// still scrapes in a row (stillScrapes so far) or for aloneEvenScrapes
+	// scrapes (evenScrapes so far). Then it is 1, or what we sent over
+	// what arrived once that is more. The engine's arrivals were then at
+	// baseArrivals and our dispatches at baseSent (baseKnown).
 	shareSampled bool
 	baseKnown    bool
 	baseArrivals float64
 	baseSent     uint64
 	alone        bool
 	stillScrapes int
+	evenScrapes  int
 	// quietReleases counts the scrapes since the last full window at
 	// which grants were taken as arrived because the engine went quiet
 	// (caughtUp: at this scrape), not by our share of its arrivals.
@@ -189,29 +191,42 @@ type sentGrant struct {
 func newLedger() ledger { return ledger{share: coldShare, quietSince: -1} }
 
 // coldShare is the share a replica takes of its engine's arrivals until
-// the engine's counts show it alone (aloneScrapes) or a full window
-// measures its part: as if one other replica sent as much as it does.
-// Taken as 1 while the engine had counted no more arrivals than it sent,
-// two replicas that started together behind gateways slower than the
-// engine (a TLS handshake per request for a burst of 640) each took the
-// other's arrivals for their own for the first second, sent on, and the
-// gateways landed the excess together: in 20 cold runs of
-// TestTwoPickersOneEngine, engine waiting 14 and 18 (over twice its
-// sequences) in two and premium 234 of the first 320 in a third; at
-// 1/2, waiting 3 to 6 and premium 252 to 258 in 20 of 20.
+// the engine's counts show it alone (aloneStillScrapes,
+// aloneEvenScrapes) or a full window measures its part: as if one other
+// replica sent as much as it does. Taken as 1 while the engine had
+// counted no more arrivals than it sent, two replicas that started
+// together behind gateways slower than the engine (a TLS handshake per
+// request for a burst of 640) each took the other's arrivals for their
+// own for the first second, sent on, and the gateways landed the excess
+// together: in 20 cold runs of TestTwoPickersOneEngine, engine waiting
+// 14 and 18 (over twice its sequences) in two and premium 234 of the
+// first 320 in a third; with 1/2 and
+// aloneStillScrapes/aloneEvenScrapes, 19 of 20 within the bounds
+// (waiting 4 to 7, premium 252 to 257) and waiting 11 in one.
 const coldShare = 0.5
 
-// aloneScrapes is how many fresh scrapes in a row must find the engine
+// aloneStillScrapes is how many fresh scrapes in a row must find the engine
 // counting no new arrival, and exactly as many arrivals since the first
 // count as we sent, before a cold replica takes itself for alone:
 // everything it sent has arrived and nobody else sends. A replica alone
-// at coldShare holds half of what arrives, sends half as much at each
-// scrape, and so reaches this within a few hundred milliseconds; two
-// replicas meet it only if no request reaches the engine for that long
-// while its count happens to match what one of them sent, which a
-// gateway stall at the start of a burst can do: with 2 scrapes, one cold
-// run of TestTwoPickersOneEngine in 20 reached engine waiting 14.
-const aloneScrapes = 3
+// behind a slow gateway holds half of what arrives at coldShare, sends
+// less at each scrape and goes still within a few; two replicas meet
+// this only if no request reaches the engine for that long while its
+// count happens to match what one of them sent, which a gateway stall at
+// the start of a burst can do (with 2 scrapes, one cold run of
+// TestTwoPickersOneEngine in 20 reached engine waiting 14).
+const aloneStillScrapes = 3
+
+// aloneEvenScrapes is the other way a cold replica finds itself alone: the
+// engine's arrivals since the first count equal what it sent at this
+// many fresh scrapes in a row, arrivals or not. A lone replica behind a
+// quick gateway keeps sending between scrapes (prediction releases its
+// grants) and never goes still, but finds everything it sent counted at
+// almost every scrape; held at coldShare it ran the demo's header-only
+// workload in 28 to 36 s against 9. Between two replicas the counts
+// match one's sends at a scrape only while the other's arrivals happen
+// to equal what it has on its way, rarely a second on end.
+const aloneEvenScrapes = 10
 
 // len is the number of grants awaiting the engine's confirmation.
 func (l *ledger) len() int { return len(l.awaiting) - l.head }
@@ -524,8 +539,8 @@ func engineArrivals(m *podmetrics.Metrics) float64 {
 // scrape at now: a window of rateWindow or more in which the engine had
 // requests waiting at every scrape gives a sample, what we sent over
 // what arrived (see the file comment). It reports whether, before any
-// sample, this scrape showed us alone (aloneScrapes): every grant we
-// sent is in the engine's counts.
+// sample, this scrape showed us alone (aloneStillScrapes,
+// aloneEvenScrapes): every grant we sent is in the engine's counts.
 func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) (allArrived bool) {
 	l := &e.led
 	if !m.Has(podmetrics.Finished) {
@@ -552,23 +567,26 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) (allArr
 	}
 	if !l.baseKnown || arrivals < l.baseArrivals {
 		l.baseKnown, l.baseArrivals, l.baseSent, l.shareSampled = true, arrivals, e.sent, false
-		l.alone, l.stillScrapes = false, 0
+		l.alone, l.stillScrapes, l.evenScrapes = false, 0, 0
 	}
 	if l.shareSampled {
 		return false
 	}
-	// Cold (see coldShare and aloneScrapes). Alone, the engine counts no
-	// more arrivals than we sent; once it counts more, others send there
-	// too, and we take no more than what we sent of them (an
-	// overestimate while ours are on their way, which a full window
+	// Cold (see coldShare, aloneStillScrapes and aloneEvenScrapes). Alone,
+	// the engine counts no more arrivals than we sent; once it counts more,
+	// others send there too, and we take no more than what we sent of them
+	// (an overestimate while ours are on their way, which a full window
 	// then corrects).
 	got, sent := arrivals-l.baseArrivals, float64(e.sent-l.baseSent)
 	if !l.alone {
 		l.stillScrapes++
-		if sent < 1 || got != sent || !l.arrivalsKnown || arrivals != l.lastArrivals {
+		l.evenScrapes++
+		if sent < 1 || got != sent {
+			l.stillScrapes, l.evenScrapes = 0, 0
+		} else if !l.arrivalsKnown || arrivals != l.lastArrivals {
 			l.stillScrapes = 0
 		}
-		l.alone = l.stillScrapes >= aloneScrapes
+		l.alone = l.stillScrapes >= aloneStillScrapes || l.evenScrapes >= aloneEvenScrapes
 		allArrived = l.alone
 	}
 	l.share = coldShare

@@ -505,7 +505,7 @@ func TestScrapeIntervalIsAMedian(t *testing.T) {
 
 // TestColdShare: a picker that has measured no full window takes
 // coldShare of the engine's arrivals, as if one other replica sent as
-// much as it does, until the counts show it alone: aloneScrapes fresh
+// much as it does, until the counts show it alone: aloneStillScrapes fresh
 // scrapes in a row with no new arrival and exactly as many arrivals
 // since the first count as it sent. Then every grant it sent is in the
 // engine's counts, and its share is 1 until the engine counts more
@@ -533,7 +533,7 @@ func TestColdShare(t *testing.T) {
 	}
 	counted(c, ms(500), 1, 3, 0)
 	if l.share != 1 || l.len() != 0 {
-		t.Fatalf("still for %d scrapes, as many arrivals as we sent: share %v, %d awaiting; want 1 (alone), none", aloneScrapes, l.share, l.len())
+		t.Fatalf("still for %d scrapes, as many arrivals as we sent: share %v, %d awaiting; want 1 (alone), none", aloneStillScrapes, l.share, l.len())
 	}
 	counted(c, ms(600), 1, 4, 1) // 6 arrivals of the 4 sent
 	if l.share != 4.0/6 {
@@ -590,7 +590,7 @@ func TestQuietEngineMeasuresTheShareAgain(t *testing.T) {
 	for i := range 3 {
 		c.Release(grantNow(t, c, now+ms(int64(1+i)), 100), EventDone)
 	}
-	for range 1 + aloneScrapes {
+	for range 1 + aloneStillScrapes {
 		now += ms(100)
 		counted(c, now, 0, 3, finished) // the three arrived, and nothing else
 	}

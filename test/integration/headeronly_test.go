@@ -155,8 +155,11 @@ func TestHeaderOnlyClients(t *testing.T) {
 // grants each releases by prediction while its earlier ones are held up
 // in a gateway (the ledger's stalled). The response-phases run comes
 // first, as a deployment's traffic does before its gateways change: the
-// header-only run starts with the shares the pickers measured in it (see
-// the ledger's file comment for a cold start).
+// header-only run starts with the shares the pickers measured in it.
+// Started cold instead (-run TestTwoPickersOneEngine/nginx-shim), a
+// burst of 640 through gateways that open a TLS connection per request
+// meets two pickers that have measured nothing: see the ledger's
+// coldShare for what that measured.
 func TestTwoPickersOneEngine(t *testing.T) {
 	launch.CheckGoroutines(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
