@@ -200,16 +200,16 @@ func newLedger() ledger { return ledger{share: coldShare, quietSince: -1} }
 // own for the first second, sent on, and the gateways landed the excess
 // together: in 20 cold runs of TestTwoPickersOneEngine, engine waiting
 // 14 and 18 (over twice its sequences) in two and premium 234 of the
-// first 320 in a third; with 1/2 and
-// aloneStillScrapes/aloneEvenScrapes, 38 of 40 within the bounds
-// (waiting 4 to 7, premium 248 to 257) and waiting 11 and 20 in two:
-// two replicas that start cold behind stalled gateways can still pass
-// for alone now and then.
+// first 320 in a third. At 1/2, with the two ways out below, 38 of 40
+// stayed within the bounds (waiting 4 to 7, premium 248 to 257) and two
+// reached 11 and 20: replicas that start cold behind stalled gateways
+// can still pass for alone now and then.
 const coldShare = 0.5
 
-// aloneStillScrapes is how many fresh scrapes in a row must find the engine
-// counting no new arrival, and exactly as many arrivals since the first
-// count as we sent, before a cold replica takes itself for alone:
+// aloneStillScrapes is how many fresh scrapes in a row must find the
+// engine counting no new arrival, and exactly as many arrivals since
+// the first count as we sent, before a cold replica takes itself for
+// alone:
 // everything it sent has arrived and nobody else sends. A replica alone
 // behind a slow gateway holds half of what arrives at coldShare, sends
 // less at each scrape and goes still within a few; two replicas meet
@@ -219,8 +219,8 @@ const coldShare = 0.5
 // TestTwoPickersOneEngine in 20 reached engine waiting 14).
 const aloneStillScrapes = 3
 
-// aloneEvenScrapes is the other way a cold replica finds itself alone: the
-// engine's arrivals since the first count equal what it sent at this
+// aloneEvenScrapes is the other way a cold replica finds itself alone:
+// the engine's arrivals since the first count equal what it sent at this
 // many fresh scrapes in a row, arrivals or not. A lone replica behind a
 // quick gateway keeps sending between scrapes (prediction releases its
 // grants) and never goes still, but finds everything it sent counted at
@@ -574,11 +574,11 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) (allArr
 	if l.shareSampled {
 		return false
 	}
-	// Cold (see coldShare, aloneStillScrapes and aloneEvenScrapes). Alone,
-	// the engine counts no more arrivals than we sent; once it counts more,
-	// others send there too, and we take no more than what we sent of them
-	// (an overestimate while ours are on their way, which a full window
-	// then corrects).
+	// Cold (see coldShare, aloneStillScrapes and aloneEvenScrapes). Once
+	// alone, the engine counts no more arrivals than we sent while we
+	// are; once it counts more, others send there too, and we take no
+	// more than what we sent of them (an overestimate while ours are on
+	// their way, which a full window then corrects).
 	got, sent := arrivals-l.baseArrivals, float64(e.sent-l.baseSent)
 	if !l.alone {
 		l.stillScrapes++
