@@ -67,8 +67,12 @@ type endpoint struct {
 	auto autothreshold.Controller
 }
 
-// load is the prefill the busy test counts: ours plus the unseen estimate.
-func (e *endpoint) load() uint64 { return drr.SaturatingAdd(e.activePrefill, e.unseenPrefill) }
+// load is the prefill the busy test counts: ours, the other replicas'
+// requests on their way as far as our awaiting grants tell
+// (othersOnTheirWay), and the unseen estimate.
+func (e *endpoint) load() uint64 {
+	return drr.SaturatingAdd(drr.SaturatingAdd(e.activePrefill, e.led.othersOnTheirWay()), e.unseenPrefill)
+}
 
 // ours is how many of our requests with an open stream may be in the
 // engine's queue: those not yet past their first byte.

@@ -631,3 +631,48 @@ func TestColdShareAloneInFlow(t *testing.T) {
 		t.Fatalf("after %d scrapes counting exactly what we sent: share %v, %d awaiting; want 1, none", aloneEvenScrapes, l.share, l.len())
 	}
 }
+
+// TestAwaitingGrantsCountOthersOnTheirWay: a grant awaiting the engine's
+// confirmation may still be on its way there, and so may the other
+// replicas' grants, which no count shows yet; at a share below 1 the busy
+// test counts the awaiting charge as if they sent in proportion (at most
+// half as much again, see othersOnTheirWay). Open streams keep their
+// exact charge (a gateway with response phases), and a replica alone
+// counts only its own.
+func TestAwaitingGrantsCountOthersOnTheirWay(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		share      float64 // 0: cold (coldShare)
+		headerOnly bool
+		wantLoad   uint64 // after three grants of 512 tokens
+	}{
+		{name: "cold, header-only", headerOnly: true, wantLoad: 1536 + 768},
+		{name: "half, header-only", share: 0.5, headerOnly: true, wantLoad: 1536 + 768},
+		{name: "0.8, header-only", share: 0.8, headerOnly: true, wantLoad: 1536 + 384},
+		{name: "alone, header-only", share: 1, headerOnly: true, wantLoad: 1536},
+		{name: "cold, response phases", wantLoad: 1536},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ledgerCore(t)
+			if tc.share > 0 {
+				warmShare(c, tc.share)
+			}
+			for i := range int64(3) {
+				g := grantNow(t, c, ms(1+i), 512)
+				if tc.headerOnly {
+					c.Release(g, EventDone)
+				}
+			}
+			if load := c.reg.byAddr[ep1].load(); load != tc.wantLoad {
+				t.Fatalf("busy-test load after three grants: %d, want %d", load, tc.wantLoad)
+			}
+			// The threshold is 1536: a fourth request goes only if the
+			// load is not over it.
+			admit(c, ms(5), &Ticket{RawISL: 512})
+			granted := len(c.Drain(ms(5))) == 1
+			if want := tc.wantLoad <= 1536; granted != want {
+				t.Fatalf("fourth request granted %t, want %t", granted, want)
+			}
+		})
+	}
+}
