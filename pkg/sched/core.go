@@ -413,7 +413,8 @@ func (c *Core) Snapshot() Snapshot {
 			Addr: e.addr, ActivePrefill: e.activePrefill, InFlight: e.inFlight, Tainted: e.tainted,
 			Stale: e.stale, UnseenWaiting: e.unseenWaiting, UnseenPrefill: e.unseenPrefill,
 			EngineWaiting: e.waiting, MaxBatchedTokens: e.maxBatched, Busy: c.busyEverywhere(e),
-			Role: e.role, AwaitingEngine: e.led.len(), PrefillRate: e.led.rate,
+			Role: e.role, AwaitingEngine: e.led.len(), OthersOnTheirWay: e.led.othersOnTheirWay(),
+			PrefillRate: e.led.rate,
 		}
 		if c.hasAuto {
 			es.AutoThreshold, es.HasAuto = e.auto.Threshold(), true

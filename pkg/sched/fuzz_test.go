@@ -152,6 +152,9 @@ type fuzzEP struct {
 	inFlight       int
 	removed        bool
 	unseenFromCore uint64
+	// othersFromCore is the core's count of the other replicas' requests
+	// on their way, which the model bounds by its awaiting grants.
+	othersFromCore uint64
 	maxBatched     uint64
 	// awaiting are the requests whose stream ended before a first byte,
 	// oldest first: the core's ledger releases them in this order.
@@ -159,6 +162,13 @@ type fuzzEP struct {
 	counter  float64 // the engine's prompt-token counter, as scraped
 	finished float64 // the engine's finished-request counter, as scraped
 	role     Role
+}
+
+// load is the busy test's load in the model: its charges, the core's
+// count of others on their way (bounded by the model's awaiting grants)
+// and the core's unseen estimate.
+func (e *fuzzEP) load() uint64 {
+	return drr.SaturatingAdd(drr.SaturatingAdd(e.active, e.othersFromCore), e.unseenFromCore)
 }
 
 // fuzzRoles maps a byte to a role: prefill-decode is the most common.
@@ -287,6 +297,14 @@ func runCoreOps(data []byte, pk Chooser) error {
 		for _, es := range c.Snapshot().Endpoints {
 			if e := live[es.Addr]; e != nil {
 				e.unseenFromCore = es.UnseenPrefill
+				var awaiting uint64
+				for _, g := range e.awaiting {
+					awaiting += g.prefill
+				}
+				if es.OthersOnTheirWay > awaiting/2 {
+					return fmt.Errorf("step %d (%s): endpoint %s counts %d tokens of others on their way, more than half its %d awaiting", step, op, es.Addr, es.OthersOnTheirWay, awaiting)
+				}
+				e.othersFromCore = es.OthersOnTheirWay
 			}
 		}
 		for _, l := range c.Drain(now) {
@@ -330,7 +348,7 @@ func runCoreOps(data []byte, pk Chooser) error {
 				return e, nil
 			}
 			notBusy := func(e *fuzzEP) error {
-				busy := e.stale || rule.EndpointBusy(drr.SaturatingAdd(e.active, e.unseenFromCore), e.maxBatched)
+				busy := e.stale || rule.EndpointBusy(e.load(), e.maxBatched)
 				if rule.Auto {
 					// No scrape comes between the Drain and this check, so
 					// the threshold now is the one the grant was judged by:
@@ -339,11 +357,11 @@ func runCoreOps(data []byte, pk Chooser) error {
 					if !ok {
 						return fmt.Errorf("step %d (%s): class %s is auto but %s has no auto threshold", step, op, l.Class, e.addr)
 					}
-					busy = e.stale || drr.SaturatingAdd(e.active, e.unseenFromCore) > t
+					busy = e.stale || e.load() > t
 				}
 				if busy && c.pol.Classes[ci].Queueing {
-					return fmt.Errorf("step %d (%s): class %s pick %s is busy (active %d, unseen %d, stale %t)",
-						step, op, l.Class, e.addr, e.active, e.unseenFromCore, e.stale)
+					return fmt.Errorf("step %d (%s): class %s pick %s is busy (active %d, others on their way %d, unseen %d, stale %t)",
+						step, op, l.Class, e.addr, e.active, e.othersFromCore, e.unseenFromCore, e.stale)
 				}
 				return nil
 			}

@@ -248,9 +248,9 @@ const aloneEvenScrapes = 10
 // holds half of what arrives for the others, and counting them on their
 // way as well, two cold replicas reached engine waiting 10 and 11 in 2
 // of 12 runs of TestTwoPickersOneEngine's header-only run; without it
-// at coldShare, none of 10 went over the bound of 8. Open streams are not counted: a gateway
-// that reports response phases returns their charge at the first byte,
-// exactly as before.
+// at coldShare, none of 10 went over the bound of 8. Open streams are
+// not counted: a gateway that reports response phases returns their
+// charge at the first byte, exactly as before.
 func (l *ledger) othersOnTheirWay() uint64 {
 	if l.prefill == 0 || l.share >= 1 || !l.shareSampled {
 		return 0

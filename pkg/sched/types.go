@@ -310,6 +310,11 @@ type EndpointSnapshot struct {
 	// was reported and whose prefill the engine has not confirmed yet:
 	// still charged to ActivePrefill (SPEC §5).
 	AwaitingEngine int
+	// OthersOnTheirWay is the prefill the busy test counts for the other
+	// replicas' requests on their way to the engine, in proportion to the
+	// awaiting grants (SPEC §5): 0 behind gateways that report response
+	// phases.
+	OthersOnTheirWay uint64
 	// PrefillRate is the engine's prefill rate the picker learned from its
 	// prompt-token counter, in prompt tokens per second (0: not learned).
 	PrefillRate float64
