@@ -263,9 +263,8 @@ func (l *ledger) othersOnTheirWay() uint64 {
 // are in the engine's counts already and wait for our part of later
 // arrivals to match them. In TestTwoPickersOneEngine's header-only run
 // beside a race test of every other package, the engine's waiting queue
-// reached 5 to 7 over 14 runs without the term (bound 8, and 9 once in
-// a full make test) and 3 to 5 over 14 runs with it, at 9.9 to 12.6 s
-// against 9.5 to 15 s.
+// reached 5 to 7 over 6 runs without the term (bound 8, and 9 once in
+// a full make test) and 3 to 5 over 14 runs with it, at 9.9 to 12.6 s.
 const maxOthersOnTheirWay = 0.5
 
 // len is the number of grants awaiting the engine's confirmation.
