@@ -634,11 +634,12 @@ func TestColdShareAloneInFlow(t *testing.T) {
 
 // TestAwaitingGrantsCountOthersOnTheirWay: a grant awaiting the engine's
 // confirmation may still be on its way there, and so may the other
-// replicas' grants, which no count shows yet; at a share below 1 the busy
-// test counts the awaiting charge as if they sent in proportion (at most
-// half as much again, see othersOnTheirWay). Open streams keep their
-// exact charge (a gateway with response phases), and a replica alone
-// counts only its own.
+// replicas' grants, which no count shows yet; at a share below 1,
+// measured over a full window, the busy test counts the awaiting charge
+// as if they sent in proportion (at most half as much again, see
+// othersOnTheirWay). Open streams keep their exact charge (a gateway
+// with response phases); a replica alone, or at the cold share, counts
+// only its own.
 func TestAwaitingGrantsCountOthersOnTheirWay(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
