@@ -395,8 +395,19 @@ func (c *Core) listDraining(e *endpoint) {
 }
 
 // reconcile applies a fresh scrape's counters to e's ledger at now and
-// reports whether a grant was released.
+// reports whether the ledger's part of the busy test's load moved: a
+// grant was released, or a new share moved the others on their way (a
+// request in the endpoint's exact lane held only by them would
+// otherwise wait for the endpoint's next event).
 func (c *Core) reconcile(now int64, e *endpoint, m *podmetrics.Metrics) bool {
+	others := e.led.othersOnTheirWay()
+	released := c.applyCounts(now, e, m)
+	return released || e.led.othersOnTheirWay() != others
+}
+
+// applyCounts is reconcile's work; it reports whether a grant was
+// released.
+func (c *Core) applyCounts(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 	l := &e.led
 	before := l.len()
 	l.blind = !m.Has(podmetrics.Waiting)

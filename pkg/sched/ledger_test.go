@@ -677,3 +677,39 @@ func TestAwaitingGrantsCountOthersOnTheirWay(t *testing.T) {
 		})
 	}
 }
+
+// TestRisingShareWakesTheQueue: a scrape that measures a larger share
+// shrinks the others on their way without releasing a grant or moving
+// the unseen estimate; a request held only by that term must go at that
+// scrape, not at the next event.
+func TestRisingShareWakesTheQueue(t *testing.T) {
+	c := ledgerCore(t) // the share's window opens with the queue empty
+	warmShare(c, 0.6)
+	// Our open stream (response phases) is the request the engine holds.
+	admit(c, ms(400), &Ticket{RawISL: 100})
+	if l := c.Drain(ms(400)); len(l) != 1 || l[0].Grant == nil {
+		t.Fatalf("first request: %v, want a direct grant", l)
+	}
+	counted(c, ms(500), 1, 0, 0) // closes the first window (not full) and opens a full one
+	for i := range int64(3) {
+		c.Release(grantNow(t, c, ms(991+i), 330), EventDone)
+	}
+	// 100 + 990 + 990/2 = 1585, over the threshold of 1536. Pinned (a
+	// subset hint of one endpoint), it waits in the endpoint's exact
+	// lane, whose verdict the queue keeps until the endpoint changes.
+	held := admit(c, ms(994), &Ticket{RawISL: 330, Allow: []string{ep1}, HasAllow: true})
+	if l := c.Drain(ms(994)); len(l) != 0 {
+		t.Fatalf("fourth request at a measured share of 0.6: %s, want held", leaveString(l[0]))
+	}
+	// The three reached the engine and finished at once, within
+	// arrivalSlack of this scrape: a full window with arrivals equal to
+	// what we sent (share 0.6 -> 0.7), nothing confirmed, nothing unseen.
+	counted(c, ms(1000), 1, 0, 3)
+	e := endpointState(c)
+	if load := c.reg.byAddr[ep1].load(); e.AwaitingEngine != 3 || e.OthersOnTheirWay != 424 || load != 1514 {
+		t.Fatalf("after the window: %d awaiting, %d others on their way, load %d; want 3, 424, 1514", e.AwaitingEngine, e.OthersOnTheirWay, load)
+	}
+	if l := c.Drain(ms(1000)); len(l) != 1 || l[0].Grant == nil || held.Grant() == nil {
+		t.Fatalf("fourth request after the share rose: %v, want granted at this scrape", l)
+	}
+}
