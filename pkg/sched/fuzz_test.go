@@ -52,7 +52,7 @@ func FuzzCore(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if err := runCoreOps(data, nil); err != nil {
+		if err := runCoreOps(data, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -68,7 +68,7 @@ func TestFuzzCoreCanFail(t *testing.T) {
 		for j := range b {
 			b[j] = byte(r.UintN(256))
 		}
-		err := runCoreOps(b, busiestFirst{})
+		err := runCoreOps(b, busiestFirst{}, nil)
 		if err == nil {
 			continue
 		}
@@ -78,6 +78,33 @@ func TestFuzzCoreCanFail(t *testing.T) {
 		return
 	}
 	t.Fatal("200 random inputs with a picker that prefers busy endpoints: no check failed")
+}
+
+// TestFuzzCoreReachesOthersOnTheirWay: the bound FuzzCore puts on the
+// others on their way (at most half the awaiting prefill) is checked only
+// in states random operations reach rarely, and a generator that never
+// reaches them leaves the check vacuous. Before scrapes kept the engine's
+// arrivals monotone and mostly named live endpoints, 1 of 20,000 inputs
+// of this sequence reached them (the first at input 3,851); now 46 do,
+// the first at input 391.
+func TestFuzzCoreReachesOthersOnTheirWay(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const inputs = 2000
+	for i := range inputs {
+		b := make([]byte, 64+r.IntN(512))
+		for j := range b {
+			b[j] = byte(r.UintN(256))
+		}
+		var cov fuzzCoverage
+		if err := runCoreOps(b, nil, &cov); err != nil {
+			t.Fatal(err)
+		}
+		if cov.othersOnTheirWay > 0 {
+			t.Logf("reached at input %d", i)
+			return
+		}
+	}
+	t.Fatalf("%d random inputs: no check saw an endpoint count others on their way", inputs)
 }
 
 // busiestFirst is a deliberately wrong picker: busy endpoints first.
@@ -161,6 +188,7 @@ type fuzzEP struct {
 	awaiting []*fuzzReq
 	counter  float64 // the engine's prompt-token counter, as scraped
 	finished float64 // the engine's finished-request counter, as scraped
+	arrivals float64 // waiting + running + finished at the last scrape with finished
 	role     Role
 }
 
@@ -192,9 +220,19 @@ type fuzzReq struct {
 	released bool
 }
 
+// fuzzCoverage counts the states a run of runCoreOps reached that some
+// check needs and random operations reach rarely.
+type fuzzCoverage struct {
+	// othersOnTheirWay counts the checks at which an endpoint counted
+	// others on their way: a share measured below 1 over a full window,
+	// with grants awaiting the engine.
+	othersOnTheirWay int
+}
+
 // runCoreOps plays data as operations on a core and returns the first
-// broken invariant. A nil picker is LeastLoaded.
-func runCoreOps(data []byte, pk Chooser) error {
+// broken invariant. A nil picker is LeastLoaded; cov, when not nil,
+// records what the run reached.
+func runCoreOps(data []byte, pk Chooser, cov *fuzzCoverage) error {
 	pos := 0
 	next := func() byte {
 		if pos >= len(data) {
@@ -305,6 +343,9 @@ func runCoreOps(data []byte, pk Chooser) error {
 					return fmt.Errorf("step %d (%s): endpoint %s counts %d tokens of others on their way, more than half its %d awaiting", step, op, es.Addr, es.OthersOnTheirWay, awaiting)
 				}
 				e.othersFromCore = es.OthersOnTheirWay
+				if es.OthersOnTheirWay > 0 && cov != nil {
+					cov.othersOnTheirWay++
+				}
 			}
 		}
 		for _, l := range c.Drain(now) {
@@ -566,20 +607,43 @@ func runCoreOps(data []byte, pk Chooser) error {
 			}
 		case 13: // scrape
 			name = "scrape"
-			a := fuzzAddrs[int(next())%len(fuzzAddrs)]
+			// Mostly a live endpoint (the share of arrivals needs two
+			// scrapes of one engine half a second apart), now and then an
+			// address the core does not know.
+			x := next()
+			a := fuzzAddrs[int(x)%len(fuzzAddrs)]
+			if x&0x80 == 0 {
+				for k := range fuzzAddrs {
+					if b := fuzzAddrs[(int(x)+k)%len(fuzzAddrs)]; live[b] != nil {
+						a = b
+						break
+					}
+				}
+			}
 			b := next()
 			m := podmetrics.Metrics{Waiting: int(b % 6), Running: int(b / 64), Known: podmetrics.Waiting}
-			stale := b&0x80 != 0
+			stale := b&0xc0 == 0xc0 // a quarter of the scrapes fail
 			if e := live[a]; e != nil {
 				e.stale = stale
 				if !stale {
 					e.waiting = m.Waiting
 				}
 				if b&0x20 != 0 { // the engine's counters: prompt tokens past prefill, running requests
+					f := next()
+					if f&0x0e == 0x0e { // the engine restarted: its counters start over
+						e.counter, e.finished, e.arrivals = 0, 0, 0
+					}
 					e.counter += float64(next()) * 16
 					m.PromptTokens, m.Known = e.counter, m.Known|podmetrics.PromptTokens|podmetrics.Running
-					if f := next(); f&1 != 0 { // and finished requests: the arrivals count
-						e.finished += float64(f >> 4)
+					if f&1 != 0 { // and finished requests: the arrivals count
+						// As a real engine counts them, arrivals (waiting +
+						// running + finished) never go back: f>>4 new ones
+						// at least, and whatever the queues no longer hold
+						// finished. Random arrivals that go back and forth
+						// never made a full window of the share (SPEC §5).
+						queued := float64(m.Waiting + m.Running)
+						e.finished = max(e.finished, e.arrivals+float64(f>>4)-queued)
+						e.arrivals = queued + e.finished
 						m.Finished, m.Known = e.finished, m.Known|podmetrics.Finished
 					}
 				}
