@@ -343,6 +343,9 @@ var (
 	awaitingDesc = prometheus.NewDesc("laneway_endpoint_awaiting_engine_grants",
 		"Grants whose stream ended before a first response byte was reported (a gateway without response phases) and whose prefill the engine's counters have not confirmed yet: still charged to the endpoint's active prefill.",
 		[]string{"endpoint"}, nil)
+	othersDesc = prometheus.NewDesc("laneway_endpoint_others_on_their_way_tokens",
+		"Prompt tokens the busy test counts for other replicas' requests on their way to the endpoint's engine, in proportion to this picker's awaiting grants and its measured share of the engine's arrivals (0 behind gateways that report response phases).",
+		[]string{"endpoint"}, nil)
 	prefillRateDesc = prometheus.NewDesc("laneway_endpoint_prefill_rate_tokens_per_second",
 		"The endpoint's prefill rate learned from its engine's prompt-token counter (0 until learned).",
 		[]string{"endpoint"}, nil)
@@ -353,6 +356,7 @@ func (c *intelCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- unseenDesc
 	ch <- indexTokensDesc
 	ch <- awaitingDesc
+	ch <- othersDesc
 	ch <- prefillRateDesc
 }
 
@@ -366,6 +370,7 @@ func (c *intelCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(unseenDesc, prometheus.GaugeValue, float64(e.UnseenWaiting), e.Addr)
 		ch <- prometheus.MustNewConstMetric(indexTokensDesc, prometheus.GaugeValue, float64(e.IndexTokens), e.Addr)
 		ch <- prometheus.MustNewConstMetric(awaitingDesc, prometheus.GaugeValue, float64(e.AwaitingEngine), e.Addr)
+		ch <- prometheus.MustNewConstMetric(othersDesc, prometheus.GaugeValue, float64(e.OthersOnTheirWay), e.Addr)
 		ch <- prometheus.MustNewConstMetric(prefillRateDesc, prometheus.GaugeValue, e.PrefillRate, e.Addr)
 	}
 }

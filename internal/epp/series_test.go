@@ -63,6 +63,8 @@ func TestEndpointSeriesDeletedOnRemoval(t *testing.T) {
 		"laneway_endpoint_engine_waiting_requests", "laneway_endpoint_engine_running_requests",
 		"laneway_endpoint_metrics_stale", "laneway_scrapes_total", "laneway_scrape_errors_total",
 		"laneway_routed_prompt_tokens_total", "laneway_routed_cached_tokens_total",
+		"laneway_endpoint_awaiting_engine_grants", "laneway_endpoint_others_on_their_way_tokens",
+		"laneway_endpoint_prefill_rate_tokens_per_second",
 	}
 	both := []string{keep, gone}
 	slices.Sort(both)

@@ -214,7 +214,7 @@ policy_classes:
 	}
 	_, holder = releaseOneByOne(t, holder, queued, 3)
 	completeStream(t, holder)
-	table := runLaneway(t, "status", "--epp", p.StatusAddr)
+	table := bins.RunLaneway(t, "status", "--epp", p.StatusAddr)
 	for _, want := range []string{"class shared", "queued by tenant", "served, last minute", "endpoint", "127.0.0.2:8000"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("status table lacks %q:\n%s", want, table)
@@ -229,31 +229,11 @@ policy_classes:
 
 func lanewayStatus(t *testing.T, p *launch.EPP) status.Page {
 	t.Helper()
-	page := lanewayStatusPage(t, p)
+	page := bins.StatusPage(t, p)
 	if len(page.Classes) != 1 {
 		t.Fatalf("status page classes %+v, want one", page.Classes)
 	}
 	return page
-}
-
-// lanewayStatusPage is the picker's status page as laneway status reads it.
-func lanewayStatusPage(t *testing.T, p *launch.EPP) status.Page {
-	t.Helper()
-	var page status.Page
-	out := runLaneway(t, "status", "--epp", p.StatusAddr, "--output", "json")
-	if err := json.Unmarshal([]byte(out), &page); err != nil {
-		t.Fatalf("laneway status --output json: %v\n%s", err, out)
-	}
-	return page
-}
-
-func runLaneway(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(bins.Laneway, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("laneway %v: %v\n%s", args, err, out)
-	}
-	return string(out)
 }
 
 // liftPolicy lets anonymous callers use regular only, while the model
@@ -381,7 +361,7 @@ func TestTenantNamesDoNotPinHeaders(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if got := lanewayStatusPage(t, p).Classes[0].Dispatched; got != requests {
+	if got := bins.StatusPage(t, p).Classes[0].Dispatched; got != requests {
 		t.Fatalf("status page: %d dispatched in the last minute, want %d: the window does not hold the tenants", got, requests)
 	}
 	grown := liveHeap(t, p, port) - before

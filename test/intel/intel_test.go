@@ -368,3 +368,47 @@ func TestPriorityForwardedToEngine(t *testing.T) {
 			hi.Start.Format(time.StampMicro), lo.Start.Format(time.StampMicro), st.Start.Format(time.StampMicro))
 	}
 }
+
+// TestHeaderOnlyGrantAwaitsTheEngine: behind a gateway that sends no
+// response phase, a grant whose stream ended stays charged until a fresh
+// scrape shows the engine got it. While /metrics hangs no scrape can,
+// so the grant is on /metrics and in `laneway status` as awaiting the
+// engine, beside the prefill rate learned from the engine's prompt-token
+// counter; the first scrape after the hang releases it.
+func TestHeaderOnlyGrantAwaitsTheEngine(t *testing.T) {
+	s := startSim(t, "127.0.0.111", "--time-per-output-token=2ms")
+	px := startMetricsProxy(t, "127.0.0.112", s)
+	p := startEPP(t, []string{px.addr}, "--policy-config="+thresholdPolicy(t, 100000), "--scrape-interval=100ms", relaxedStaleness)
+	gw := bins.RunGateway(t, launch.GatewayOptions{EPP: p, Timeout: 2 * time.Minute, HeaderOnly: true}).URL
+	p.Metrics.Await(t, 0, "laneway_endpoint_metrics_stale", "endpoint", px.addr)
+
+	// The rate is learned over windows of half a second in which the
+	// prompt-token counter moved.
+	var rate float64
+	seed := uint64(0)
+	launch.WaitFor(t, func() string { return fmt.Sprintf("a learned prefill rate, after %d requests", seed) }, func() bool {
+		seed++
+		mustPost(t, gw, completion(tokens(500, 1000+seed), 2, nil))
+		rate = p.Metrics.Value(t, "laneway_endpoint_prefill_rate_tokens_per_second", "endpoint", px.addr)
+		return rate > 0
+	})
+	p.Metrics.Await(t, 0, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
+
+	px.setHang(true)
+	// Answered by the engine; its stream ended at the pick.
+	mustPost(t, gw, completion(tokens(300, 1), 2, nil))
+	p.Metrics.Await(t, 1, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
+	page := bins.StatusPage(t, p)
+	if len(page.Endpoints) != 1 || page.Endpoints[0].AwaitingEngine != 1 || page.Endpoints[0].PrefillRate <= 0 ||
+		page.Endpoints[0].ActivePrefillTokens != 300 {
+		t.Fatalf("laneway status while /metrics hangs: %+v, want 1 grant of 300 tokens awaiting the engine and a prefill rate", page.Endpoints)
+	}
+	table := bins.RunLaneway(t, "status", "--epp", p.StatusAddr)
+	if !strings.Contains(table, "await") || !strings.Contains(table, "rate/s") {
+		t.Errorf("laneway status table lacks the await and rate/s columns:\n%s", table)
+	}
+	t.Logf("prefill rate %.0f tokens/s after %d requests; status %+v", rate, seed, page.Endpoints[0])
+
+	px.setHang(false)
+	p.Metrics.Await(t, 0, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
+}
