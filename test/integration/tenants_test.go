@@ -229,7 +229,8 @@ policy_classes:
 
 func lanewayStatus(t *testing.T, p *launch.EPP) status.Page {
 	t.Helper()
-	page := bins.StatusPage(t, p)
+	var page status.Page
+	bins.ReadStatus(t, p, &page)
 	if len(page.Classes) != 1 {
 		t.Fatalf("status page classes %+v, want one", page.Classes)
 	}
@@ -361,7 +362,9 @@ func TestTenantNamesDoNotPinHeaders(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if got := bins.StatusPage(t, p).Classes[0].Dispatched; got != requests {
+	var page status.Page
+	bins.ReadStatus(t, p, &page)
+	if got := page.Classes[0].Dispatched; got != requests {
 		t.Fatalf("status page: %d dispatched in the last minute, want %d: the window does not hold the tenants", got, requests)
 	}
 	grown := liveHeap(t, p, port) - before

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/laneway-dev/laneway/internal/status"
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/internal/testbed/modelsim"
 )
@@ -398,7 +399,8 @@ func TestHeaderOnlyGrantAwaitsTheEngine(t *testing.T) {
 	// Answered by the engine; its stream ended at the pick.
 	mustPost(t, gw, completion(tokens(300, 1), 2, nil))
 	p.Metrics.Await(t, 1, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
-	page := bins.StatusPage(t, p)
+	var page status.Page
+	bins.ReadStatus(t, p, &page)
 	if len(page.Endpoints) != 1 || page.Endpoints[0].AwaitingEngine != 1 || page.Endpoints[0].PrefillRate <= 0 ||
 		page.Endpoints[0].ActivePrefillTokens != 300 {
 		t.Fatalf("laneway status while /metrics hangs: %+v, want 1 grant of 300 tokens awaiting the engine and a prefill rate", page.Endpoints)

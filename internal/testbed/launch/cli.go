@@ -3,8 +3,6 @@ package launch
 import (
 	"encoding/json"
 	"os/exec"
-
-	"github.com/laneway-dev/laneway/internal/status"
 )
 
 // RunLaneway runs the operator CLI (b.Laneway) with args and returns what
@@ -18,14 +16,13 @@ func (b Binaries) RunLaneway(t TB, args ...string) string {
 	return string(out)
 }
 
-// StatusPage is p's status page as `laneway status --output json` prints
-// it.
-func (b Binaries) StatusPage(t TB, p *EPP) status.Page {
+// ReadStatus decodes p's status page, as `laneway status --output json`
+// prints it, into page (a *status.Page: this package cannot import
+// internal/status, whose dependencies' tests run processes through it).
+func (b Binaries) ReadStatus(t TB, p *EPP, page any) {
 	t.Helper()
-	var page status.Page
 	out := b.RunLaneway(t, "status", "--epp", p.StatusAddr, "--output", "json")
-	if err := json.Unmarshal([]byte(out), &page); err != nil {
+	if err := json.Unmarshal([]byte(out), page); err != nil {
 		t.Fatalf("laneway status --output json: %v\n%s", err, out)
 	}
-	return page
 }

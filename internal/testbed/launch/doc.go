@@ -24,7 +24,7 @@
 //     one polling wait with a deadline, Proc.WaitLog the wait for a log
 //     line; Metrics and Page read a series by name and labels (the demo
 //     and the load tool read theirs with them too); RunLaneway and
-//     StatusPage (cli.go) run the operator CLI and read a picker's status
+//     ReadStatus (cli.go) run the operator CLI and read a picker's status
 //     page through it; CheckGoroutines is the leak check.
 //
 // It absorbed what was internal/testproc. The process layer alone did not
