@@ -40,6 +40,9 @@ type replayFlags struct {
 	eppArgs   []string
 	simArgs   []string
 	model     string
+	// phases and connPerRequest are the spawned gateway's
+	// --response-phases and --epp-conn-per-request.
+	phases, connPerRequest bool
 }
 
 // maybeReplay runs the trace replay and exits when loadgen was started
@@ -79,6 +82,8 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.StringSliceVar(&rf.eppArgs, "epp-args", nil, "with --spawn: further picker flags")
 	fs.StringSliceVar(&rf.simArgs, "modelsim-args", nil, "with --spawn: further flags of every modelsim")
 	fs.StringVar(&rf.model, "model", replay.DefaultModel, "the model the requests name")
+	fs.BoolVar(&rf.phases, "response-phases", true, "with --spawn: the gateway sends the picker the response phases; false: only the request, half-closing each stream, as gateways that send no response phase do (Envoy with them skipped)")
+	fs.BoolVar(&rf.connPerRequest, "epp-conn-per-request", false, "with --spawn and --response-phases=false: a new connection to the picker for every request, as NGINX Gateway Fabric's endpoint-picker shim opens")
 	help := fs.BoolP("help", "h", false, "show the flags")
 	err := fs.Parse(args)
 	if *help {
@@ -116,6 +121,10 @@ func checkReplayFlags(fs *pflag.FlagSet, c *simulate.Config, rf *replayFlags) er
 		return errors.New("--bin-dir, --epp-args and --modelsim-args go with --spawn")
 	case rf.spawn && len(rf.endpoints) > 0:
 		return errors.New("--endpoints goes with --gateway (with --spawn the servers are known)")
+	case !rf.spawn && (!rf.phases || rf.connPerRequest):
+		return errors.New("--response-phases and --epp-conn-per-request shape the spawned gateway: they go with --spawn")
+	case rf.phases && rf.connPerRequest:
+		return errors.New("--epp-conn-per-request goes with --response-phases=false (the shim it plays sends no response phase)")
 	}
 	return nil
 }
@@ -130,6 +139,8 @@ func replayMain(ctx context.Context, c *simulate.Config, rf *replayFlags, stdout
 	pol := s.Policies[0]
 	opts := replay.Options{URL: strings.TrimSuffix(rf.gateway, "/"), Servers: rf.endpoints, Model: rf.model,
 		Progress: func(done, total int) { fmt.Fprintf(stderr, "loadgen: %d of %d requests ended\n", done, total) }}
+	var engines []*launch.MaxWatch
+	var shape string
 	if rf.spawn {
 		fleet, err := spawnFleet(ctx, c, rf, s)
 		if err != nil {
@@ -140,11 +151,25 @@ func replayMain(ctx context.Context, c *simulate.Config, rf *replayFlags, stdout
 				err = serr
 			}
 		}()
-		opts.URL, opts.Servers = fleet.URL, fleet.Servers
-		fmt.Fprintf(stderr, "loadgen: %d modelsim servers, the picker and the gateway at %s; replaying %d requests over %.1f s\n",
-			len(fleet.Servers), fleet.URL, len(s.Trace.Requests), s.Trace.Span().Seconds())
+		opts.URL, opts.Servers, shape = fleet.URL, fleet.Servers, fleet.Shape
+		fmt.Fprintf(stderr, "loadgen: %d modelsim servers, the picker and the gateway (%s) at %s; replaying %d requests over %.1f s\n",
+			len(fleet.Servers), shape, fleet.URL, len(s.Trace.Requests), s.Trace.Span().Seconds())
+		// The engines' waiting queues, which no request's outcome shows:
+		// the picker's busy test is meant to keep them short.
+		for _, page := range fleet.Engines {
+			engines = append(engines, page.WatchMax(engineWatchPeriod, "vllm:num_requests_waiting"))
+		}
 	}
 	res, rerr := replay.Run(ctx, s.Trace, pol, opts)
+	var waiting []string
+	for i, w := range engines {
+		most, samples, werr := w.Stop()
+		if werr != nil {
+			fmt.Fprintf(stderr, "loadgen: server %d: %v\n", i, werr)
+		}
+		waiting = append(waiting, fmt.Sprintf("real run: server %d: engine waiting queue at most %v requests over %d samples (vllm:num_requests_waiting every %v)",
+			i, most, samples, engineWatchPeriod))
+	}
 	if res == nil {
 		return rerr
 	}
@@ -162,6 +187,12 @@ func replayMain(ctx context.Context, c *simulate.Config, rf *replayFlags, stdout
 		return err
 	}
 	fmt.Fprintf(stdout, "real run: prefix hit rate %.1f%%\n", 100*sum.Policies[0].PrefixHitRate)
+	if shape != "" {
+		fmt.Fprintf(stdout, "real run: gateway %s\n", shape)
+	}
+	for _, line := range waiting {
+		fmt.Fprintln(stdout, line)
+	}
 	files := []string{filepath.Join(c.Out, "summary.json"), filepath.Join(c.Out, pol.Name, "requests.jsonl")}
 	if !c.NoPlots {
 		plots, err := simulate.WritePlots(c.Out, s.Trace, []*simulate.Result{res})
@@ -175,6 +206,10 @@ func replayMain(ctx context.Context, c *simulate.Config, rf *replayFlags, stdout
 	}
 	return rerr
 }
+
+// engineWatchPeriod is how often a spawned server's waiting queue is
+// sampled during the replay.
+const engineWatchPeriod = 20 * time.Millisecond
 
 // spawnFleet builds the binaries (unless --bin-dir) and starts the
 // setup's fleet for its policy: the policy file and --picker, or none's
@@ -196,7 +231,8 @@ func spawnFleet(ctx context.Context, c *simulate.Config, rf *replayFlags, s *sim
 	}
 	p := s.Policies[0]
 	fo := replay.FleetOptions{Bins: bins, Fleet: s.Fleet, Picker: p.Picker, ScrapeInterval: c.ScrapeInterval,
-		PrefixCacheTTL: c.PrefixCacheTTL, EPPArgs: rf.eppArgs, SimArgs: rf.simArgs, LogDir: filepath.Join(c.Out, "logs")}
+		PrefixCacheTTL: c.PrefixCacheTTL, EPPArgs: rf.eppArgs, SimArgs: rf.simArgs, LogDir: filepath.Join(c.Out, "logs"),
+		HeaderOnly: !rf.phases, ConnPerRequest: rf.connPerRequest}
 	if !p.Baseline {
 		fo.Policy = c.Policies[0]
 	}

@@ -33,6 +33,8 @@ func TestReplayUsage(t *testing.T) {
 		{"round-robin", []string{"--trace", excerpt, "--spawn", "--policy", "round-robin"}, 2, "no round-robin"},
 		{"retries", []string{"--trace", excerpt, "--spawn", "--retry-429", "2"}, 2, "does not retry"},
 		{"spawn flags without spawn", []string{"--trace", excerpt, "--gateway", "http://x", "--epp-args", "--v=4"}, 2, "go with --spawn"},
+		{"header-only without spawn", []string{"--trace", excerpt, "--gateway", "http://x", "--response-phases=false"}, 2, "they go with --spawn"},
+		{"shim with response phases", []string{"--trace", excerpt, "--spawn", "--epp-conn-per-request"}, 2, "goes with --response-phases=false"},
 		{"endpoints with spawn", []string{"--trace", excerpt, "--spawn", "--endpoints", "a:1"}, 2, "--endpoints goes with --gateway"},
 		{"unknown flag", []string{"--trace", excerpt, "--rate", "5"}, 2, "unknown flag: --rate"},
 		{"stray argument", []string{"--trace", excerpt, "--spawn", "x"}, 2, `unexpected argument "x"`},
@@ -125,5 +127,69 @@ func TestReplayThroughGateway(t *testing.T) {
 	}
 	if n != 8 {
 		t.Fatalf("%d lines, want 8", n)
+	}
+}
+
+// TestReplaySpawnHeaderOnly: --spawn with --response-phases=false and
+// --epp-conn-per-request replays through a gateway that plays NGINX
+// Gateway Fabric's endpoint-picker shim (its log says so), every request
+// is answered, the first-N split follows the quanta, and the run reports
+// the engine's largest waiting queue. A small SPEC §11 workload: 40
+// prompts of 512 tokens per class, 512:128.
+func TestReplaySpawnHeaderOnly(t *testing.T) {
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := runReplay(context.Background(), []string{
+		"--generate", "class=premium,arrival=once,count=40,prompt=512,output=1;class=regular,arrival=once,count=40,prompt=512,output=1",
+		"--policy", "../../config/samples/policy-premium-regular.yaml",
+		"--servers", "1", "--max-num-seqs", "4", "--enable-prefix-caching=false", "--prefill-tokens-per-sec", "40000", "--time-per-output-token", "10ms",
+		"--spawn", "--response-phases=false", "--epp-conn-per-request", "--no-plots", "--out", out}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	t.Logf("stdout:\n%s", stdout.String())
+	var waiting, samples int
+	found := false
+	for _, line := range strings.Split(stdout.String(), "\n") {
+		if _, err := fmt.Sscanf(line, "real run: server 0: engine waiting queue at most %d requests over %d samples", &waiting, &samples); err == nil {
+			found = true
+		}
+	}
+	if !found || samples == 0 {
+		t.Errorf("stdout lacks server 0's engine waiting maximum (found %t, %d samples)", found, samples)
+	}
+	if !strings.Contains(stdout.String(), "real run: gateway nginx-shim") {
+		t.Errorf("stdout does not name the gateway's shape nginx-shim")
+	}
+	log, err := os.ReadFile(filepath.Join(out, "logs", "gateway.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), `"shape":"nginx-shim"`) {
+		t.Errorf("the gateway did not run as the NGINX shim:\n%s", log)
+	}
+	var sum struct {
+		Policies []struct {
+			Classes []struct {
+				Class     string `json:"class"`
+				Completed int    `json:"completed"`
+				FirstN    int    `json:"first_n"`
+			} `json:"classes"`
+		} `json:"policies"`
+	}
+	b, err := os.ReadFile(filepath.Join(out, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &sum); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][2]int{}
+	for _, c := range sum.Policies[0].Classes {
+		got[c.Class] = [2]int{c.Completed, c.FirstN}
+	}
+	// Of the first 40, the 4:1 quanta give premium about 32.
+	if got["premium"][0] != 40 || got["regular"][0] != 40 || got["premium"][1] < 28 {
+		t.Fatalf("classes (completed, first N): %v, want 40 each and premium >= 28 of the first 40\n%s", got, b)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/laneway-dev/laneway/internal/testbed/gateway"
 	"github.com/laneway-dev/laneway/internal/testbed/launch"
 	"github.com/laneway-dev/laneway/internal/testbed/simulate"
 	"github.com/laneway-dev/laneway/pkg/engine"
@@ -42,6 +43,11 @@ type FleetOptions struct {
 	EPPArgs, SimArgs []string
 	// LogDir, when set, receives every process's log at Stop.
 	LogDir string
+	// HeaderOnly and ConnPerRequest are the gateway's
+	// --response-phases=false and --epp-conn-per-request: a gateway that
+	// sends the picker no response phase (Envoy with them skipped; with
+	// ConnPerRequest too, NGINX Gateway Fabric's endpoint-picker shim).
+	HeaderOnly, ConnPerRequest bool
 }
 
 // Fleet is a running replay fleet: modelsim servers, the picker and the
@@ -51,8 +57,12 @@ type Fleet struct {
 	// the fleet's order.
 	URL     string
 	Servers []string
-	// EPP is the picker.
-	EPP *launch.EPP
+	// EPP is the picker; Engines the servers' /metrics pages in the
+	// fleet's order; Shape the gateway's ext_proc shape ("envoy",
+	// "envoy-skip" or "nginx-shim").
+	EPP     *launch.EPP
+	Engines []launch.Page
+	Shape   string
 
 	procs  []*launch.Proc
 	logDir string
@@ -85,6 +95,7 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 		}
 		f.procs = append(f.procs, sim.Proc)
 		f.Servers = append(f.Servers, sim.Addr)
+		f.Engines = append(f.Engines, sim.Metrics)
 		forward = forward || s.Engine.SchedulingPolicy == engine.PolicyPriority
 	}
 	args := []string{"--max-num-batched-tokens=" + strconv.Itoa(o.Fleet.Servers[0].Engine.MaxNumBatchedTokens)}
@@ -121,10 +132,13 @@ func StartFleet(ctx context.Context, o FleetOptions) (_ *Fleet, err error) {
 	}
 	f.EPP = epp
 	f.procs = append(f.procs, epp.Proc)
-	gw, err := o.Bins.StartGateway(ctx, launch.GatewayOptions{EPP: epp, Proc: proc("gateway")})
+	gw, err := o.Bins.StartGateway(ctx, launch.GatewayOptions{EPP: epp, HeaderOnly: o.HeaderOnly,
+		ConnPerRequest: o.ConnPerRequest, Proc: proc("gateway")})
 	if err != nil {
 		return nil, err
 	}
+	gc := gateway.Config{ResponsePhases: !o.HeaderOnly, ConnPerRequest: o.ConnPerRequest}
+	f.Shape = gc.Shape().String()
 	f.procs = append(f.procs, gw.Proc)
 	f.URL = gw.URL
 	if err := AwaitScraped(ctx, epp.Metrics, len(f.Servers)); err != nil {
