@@ -158,6 +158,11 @@ type ledger struct {
 	// requests) at the last fresh scrape, if arrivalsKnown.
 	lastArrivals  float64
 	arrivalsKnown bool
+	// countFrom is the engine's arrivals at the first count (or the last
+	// that went back), and matched the grants of ours taken as arrived
+	// since: the engine can hold at most lastArrivals - countFrom -
+	// matched more of ours (see arrived, the quiet case).
+	countFrom, matched float64
 	// ahead are the grants prediction released that the engine's
 	// arrivals have not shown yet, oldest first, and aheadTokens their
 	// prompts: prediction cannot see whether they reached the engine,
@@ -343,7 +348,9 @@ const maxTransit = int64(3 * time.Second)
 // replicas' sends stopped and nothing arrives to match the rest).
 // Longer than the stalls of a gateway busy opening connections (a few
 // hundred ms with a TLS handshake per request on a loaded node), during
-// which grants are on their way and the engine sees nothing.
+// which grants are on their way and the engine sees nothing; on a
+// saturated node they last longer, so only as many grants go as the
+// engine counted arrivals we have not matched (see arrived).
 const quietCatchUp = int64(500 * time.Millisecond)
 
 // rateWindow is the shortest stretch of scrapes a prefill-rate or share
@@ -522,15 +529,23 @@ func (l *ledger) arrived(sentAt, now int64, budget *float64) bool {
 	case sentAt > now-arrivalSlack:
 		return false
 	case sentAt <= now-maxTransit:
-		return true
+		// Taken as arrived or lost; counted as matched either way, so a
+		// grant lost on its way never lets a later one count twice.
 	case *budget >= 1:
 		*budget--
-		return true
-	case l.quietSince >= 0 && sentAt <= l.quietSince-arrivalSlack && now-l.quietSince >= quietCatchUp:
+	case l.quietSince >= 0 && sentAt <= l.quietSince-arrivalSlack && now-l.quietSince >= quietCatchUp &&
+		l.lastArrivals-l.countFrom-l.matched >= 1:
+		// Only as many as the engine counted and we have not matched: a
+		// quiet engine that never counted a grant has not got it, and a
+		// gateway stalled on a loaded node for longer than quietCatchUp
+		// still holds it; taken as arrived, it would be sent again on
+		// top of itself.
 		l.caughtUp = true
-		return true
+	default:
+		return false
 	}
-	return false
+	l.matched++
+	return true
 }
 
 // arrivalsSince is our part of the requests that reached e's engine since
@@ -557,6 +572,8 @@ func (c *Core) arrivalsSince(now int64, e *endpoint, m *podmetrics.Metrics) floa
 	got := math.Inf(1)
 	if l.arrivalsKnown && arrivals >= l.lastArrivals {
 		got = (arrivals-l.lastArrivals)*l.share + l.carry
+	} else {
+		l.countFrom, l.matched = arrivals, 0
 	}
 	switch {
 	case !l.arrivalsKnown || arrivals != l.lastArrivals || m.Waiting+m.Running > 0:

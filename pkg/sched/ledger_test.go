@@ -330,6 +330,34 @@ func TestLostGrantsAndQuietEngines(t *testing.T) {
 	})
 }
 
+// TestQuietEngineHoldsWhatItNeverCounted: an engine that goes quiet
+// takes the grants sent before as arrived only as far as its arrival
+// count could hold them. Here it counted no arrival since the picker's
+// first count (the one request it ran was there before), so the three
+// grants are all still on their way, held by a stalled gateway; taken as
+// arrived after quietCatchUp, they were sent again on top of themselves,
+// and a gateway stalled for over a second on a saturated node landed
+// both waves together (engine waiting 21 and 27 in TestTwoPickersOneEngine
+// beside a two-worker fuzz run). They go at maxTransit, as lost ones do.
+func TestQuietEngineHoldsWhatItNeverCounted(t *testing.T) {
+	c := newCore(t, byHeader(1536, class("standard", 512, 0)), Options{ExpectMetrics: true}, ep1)
+	counted(c, 0, 0, 1, 0) // the first count: one request running
+	for i := range int64(3) {
+		c.Release(grantNow(t, c, ms(50+i), 512), EventDone)
+	}
+	counted(c, ms(100), 0, 1, 0)
+	for now := int64(200); now <= 3000; now += 100 {
+		counted(c, ms(now), 0, 0, 1) // it finished; quiet since the scrape at 100 ms
+		if e := endpointState(c); e.AwaitingEngine != 3 {
+			t.Fatalf("at %d ms, the engine quiet and counting nothing of ours: %d awaiting, want 3", now, e.AwaitingEngine)
+		}
+	}
+	counted(c, ms(3100), 0, 0, 1)
+	if e := endpointState(c); e.AwaitingEngine != 0 || e.ActivePrefill != 0 {
+		t.Fatalf("past maxTransit: %+v, want the grants given up", e)
+	}
+}
+
 // TestRateWindowDampsBursts: engines count a batch's prompts at once and
 // scrapes jitter, so a rate is measured over half a second at least, and
 // one window at most doubles the rate; a saturated window lowers it

@@ -140,14 +140,17 @@ func await(t *testing.T, ch <-chan answer) answer {
 }
 
 // metricsProxy fronts a simulator: everything passes through, except that
-// /metrics can be made to hang.
+// /metrics can be made to hang, and the other requests (completions) to
+// stall, as a gateway's way to the engine does on a starved node.
 type metricsProxy struct {
 	addr string
 	srv  *http.Server
 	rp   *httputil.ReverseProxy
 
-	mu   sync.Mutex
-	hang chan struct{} // non-nil: /metrics blocks until closed
+	mu      sync.Mutex
+	hang    chan struct{} // non-nil: /metrics blocks until closed
+	stall   chan struct{} // non-nil: every other request blocks until closed
+	stalled int           // requests that met a stall
 }
 
 func startMetricsProxy(t *testing.T, ip string, target *launch.Sim) *metricsProxy {
@@ -162,36 +165,54 @@ func startMetricsProxy(t *testing.T, ip string, target *launch.Sim) *metricsProx
 	go func() { _ = p.srv.Serve(ln) }()
 	t.Cleanup(func() {
 		p.setHang(false)
+		p.setStall(false)
 		p.srv.Close()
 	})
 	return p
 }
 
 func (p *metricsProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == "/metrics" {
-		p.mu.Lock()
-		hang := p.hang
-		p.mu.Unlock()
-		if hang != nil {
-			select {
-			case <-hang:
-			case <-r.Context().Done():
-				return
-			}
+	p.mu.Lock()
+	gate := p.hang
+	if r.URL.Path != "/metrics" {
+		gate = p.stall
+		if gate != nil {
+			p.stalled++
+		}
+	}
+	p.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-r.Context().Done():
+			return
 		}
 	}
 	p.rp.ServeHTTP(w, r)
 }
 
 // setHang makes /metrics hang (on) or lets every hung request through.
-func (p *metricsProxy) setHang(on bool) {
+func (p *metricsProxy) setHang(on bool) { p.setGate(&p.hang, on) }
+
+// setStall makes every other request wait (on) or lets every waiting one
+// through.
+func (p *metricsProxy) setStall(on bool) { p.setGate(&p.stall, on) }
+
+func (p *metricsProxy) setGate(gate *chan struct{}, on bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case on && p.hang == nil:
-		p.hang = make(chan struct{})
-	case !on && p.hang != nil:
-		close(p.hang)
-		p.hang = nil
+	case on && *gate == nil:
+		*gate = make(chan struct{})
+	case !on && *gate != nil:
+		close(*gate)
+		*gate = nil
 	}
+}
+
+// stalledRequests is how many requests met a stall so far.
+func (p *metricsProxy) stalledRequests() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stalled
 }

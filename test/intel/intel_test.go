@@ -414,3 +414,70 @@ func TestHeaderOnlyGrantAwaitsTheEngine(t *testing.T) {
 	px.setHang(false)
 	p.Metrics.Await(t, 0, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
 }
+
+// TestStalledGatewayIsNotSentAgain: behind a header-only gateway whose
+// way to the engine stalls for longer than the engine stays busy, the
+// picker's grants are on their way and the engine, quiet, counts none of
+// them. The picker must not take them for arrived and send a second
+// wave on top: when the stall ends, only the first wave lands. (Before,
+// a quiet engine released them after half a second, and two pickers on a
+// saturated node had engine waiting 21 and 27 against a bound of 8.)
+func TestStalledGatewayIsNotSentAgain(t *testing.T) {
+	s := startSim(t, "127.0.0.121", "--max-num-seqs=1", "--time-per-output-token=2ms")
+	px := startMetricsProxy(t, "127.0.0.122", s)
+	p := startEPP(t, []string{px.addr}, "--policy-config="+thresholdPolicy(t, 1536), "--scrape-interval=100ms", relaxedStaleness)
+	gw := bins.RunGateway(t, launch.GatewayOptions{EPP: p, Timeout: 2 * time.Minute, HeaderOnly: true}).URL
+	p.Metrics.Await(t, 0, "laneway_endpoint_metrics_stale", "endpoint", px.addr)
+	mustPost(t, gw, completion(tokens(100, 1), 1, nil))
+	p.Metrics.Await(t, 0, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
+
+	ctx, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
+	defer cancel()
+	// A long request (400 tokens at 2 ms) keeps the engine busy; once the
+	// engine's counts show it, the picker holds nothing.
+	long := postAsync(ctx, gw, completion(tokens(100, 2), 400, nil))
+	s.Metrics.Await(t, 1, "vllm:num_requests_running")
+	p.Metrics.Await(t, 0, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
+
+	px.setStall(true)
+	var answers []<-chan answer
+	for i := range 6 {
+		answers = append(answers, postAsync(ctx, gw, completion(tokens(512, uint64(10+i)), 1, nil)))
+	}
+	// The first wave: what the threshold lets go, held on its way.
+	var wave float64
+	launch.WaitFor(t, func() string { return fmt.Sprintf("a first wave held on its way (awaiting %v)", wave) }, func() bool {
+		wave = p.Metrics.Value(t, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
+		return wave >= 3 && float64(px.stalledRequests()) == wave
+	})
+	sentAt := time.Now()
+	// The long request ends at about 0.8 s and the engine goes quiet; the
+	// picker gives the wave up only at maxTransit (3 s). Watch until
+	// 2.5 s for a second wave.
+	deadline := time.After(2500 * time.Millisecond)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+watch:
+	for {
+		select {
+		case <-deadline:
+			break watch
+		case <-tick.C:
+			if n := px.stalledRequests(); float64(n) > wave {
+				t.Fatalf("%v after the first wave of %v, %d requests were on their way: the picker sent again what the stalled gateway held", time.Since(sentAt).Round(time.Millisecond), wave, n)
+			}
+		}
+	}
+	if a := await(t, long); a.err != nil || a.status != http.StatusOK {
+		t.Fatalf("long request: status %d, err %v", a.status, a.err)
+	}
+	waiting := s.Metrics.WatchMax(20*time.Millisecond, "vllm:num_requests_waiting")
+	px.setStall(false)
+	for _, ch := range answers {
+		if a := await(t, ch); a.err != nil || a.status != http.StatusOK {
+			t.Fatalf("request after the stall: status %d, err %v: %s", a.status, a.err, a.body)
+		}
+	}
+	most, samples, err := waiting.Stop()
+	t.Logf("first wave %v held 2.5 s; engine waiting at most %v over %d samples after the stall (err %v)", wave, most, samples, err)
+}
