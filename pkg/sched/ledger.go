@@ -425,6 +425,7 @@ func (c *Core) applyCounts(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 		return l.len() != before
 	}
 	busyNow := m.Waiting > 0
+	restarted := false
 	if m.Has(podmetrics.PromptTokens) {
 		switch {
 		case !l.counterKnown:
@@ -441,10 +442,25 @@ func (c *Core) applyCounts(now int64, e *endpoint, m *podmetrics.Metrics) bool {
 			e.auto.Reset(e.maxBatched)
 			l.winAt, l.winCounter, l.winBusy = now, m.PromptTokens, busyNow
 			l.shareKnown, l.baseKnown = false, false
+			restarted = true
 		default:
 			c.learnRate(l, m.PromptTokens, now, busyNow)
 		}
 		l.counterKnown, l.counter = true, m.PromptTokens
+	}
+	if m.Has(podmetrics.Finished|podmetrics.PromptTokens) && l.arrivalsKnown && !restarted {
+		// Arrivals that went back while the prompt-token counter did not
+		// are aborts: a request whose client went away leaves the queues
+		// uncounted by the finished counter (vLLM's request_success_total
+		// counts no abort). The engine is the one it was; the baselines
+		// follow, so the arrivals since each still count what arrived.
+		// Taken for a restart, one abort released every grant on its way
+		// and sent the picker back to the cold share.
+		if drop := l.lastArrivals - engineArrivals(m); drop > 0 {
+			l.lastArrivals -= drop
+			l.shareArrivals -= drop
+			l.baseArrivals -= drop
+		}
 	}
 	allArrived := c.learnShare(now, e, m)
 	budget := c.arrivalsSince(now, e, m)

@@ -358,6 +358,36 @@ func TestQuietEngineHoldsWhatItNeverCounted(t *testing.T) {
 	}
 }
 
+// TestAbortsKeepTheLedger: a request whose client went away leaves the
+// engine's queues without being counted finished (vLLM's
+// request_success_total counts no abort), so the engine's arrivals go
+// back by one. With its prompt-token counter still counting on, that is
+// not a restart: the grants on their way stay awaiting, and the share
+// measured over full windows stays. (Taken for a restart, one abort
+// released every awaiting grant and sent the picker back to the cold
+// share.)
+func TestAbortsKeepTheLedger(t *testing.T) {
+	c := ledgerCore(t)
+	warmShare(c, 0.5)
+	l := ledgerOf(c)
+	countedPrefill(c, ms(100), 1, 1, 0, 1000) // two strangers
+	for i := range int64(3) {
+		c.Release(grantNow(t, c, ms(110+i), 100), EventDone)
+	}
+	countedPrefill(c, ms(200), 0, 1, 0, 1000) // the waiting one's client went away
+	if e := endpointState(c); e.AwaitingEngine != 3 || l.share != 0.5 || !l.shareSampled {
+		t.Fatalf("after an abort: %d awaiting, share %v (sampled %t); want 3, 0.5 (sampled)", e.AwaitingEngine, l.share, l.shareSampled)
+	}
+	countedPrefill(c, ms(300), 2, 1, 0, 1000) // two of ours arrive: one is ours by the share
+	if e := endpointState(c); e.AwaitingEngine != 2 {
+		t.Fatalf("two arrivals at share 0.5: %d awaiting, want 2", e.AwaitingEngine)
+	}
+	countedPrefill(c, ms(400), 0, 0, 0, 0) // the counter went back: a restart
+	if e := endpointState(c); e.AwaitingEngine != 0 {
+		t.Fatalf("after a restart: %d awaiting, want none", e.AwaitingEngine)
+	}
+}
+
 // TestRateWindowDampsBursts: engines count a batch's prompts at once and
 // scrapes jitter, so a rate is measured over half a second at least, and
 // one window at most doubles the rate; a saturated window lowers it

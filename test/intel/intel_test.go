@@ -481,3 +481,68 @@ watch:
 	most, samples, err := waiting.Stop()
 	t.Logf("first wave %v held 2.5 s; engine waiting at most %v over %d samples after the stall (err %v)", wave, most, samples, err)
 }
+
+// TestAbortIsNotARestart: a request whose client went away leaves the
+// engine without being counted finished, so the engine's arrival count
+// goes back; its prompt-token counter does not. Behind a header-only
+// gateway whose way to the engine stalls, the picker's grants are still
+// on their way when that happens: it must keep them charged and not
+// send a second wave. (Taken for a restart, one abort released them all.)
+func TestAbortIsNotARestart(t *testing.T) {
+	s := startSim(t, "127.0.0.131", "--max-num-seqs=1", "--time-per-output-token=2ms")
+	px := startMetricsProxy(t, "127.0.0.132", s)
+	p := startEPP(t, []string{px.addr}, "--policy-config="+thresholdPolicy(t, 1536), "--scrape-interval=100ms", relaxedStaleness)
+	gw := bins.RunGateway(t, launch.GatewayOptions{EPP: p, Timeout: 2 * time.Minute, HeaderOnly: true}).URL
+	p.Metrics.Await(t, 0, "laneway_endpoint_metrics_stale", "endpoint", px.addr)
+	mustPost(t, gw, completion(tokens(100, 1), 1, nil))
+	p.Metrics.Await(t, 0, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
+
+	// A stranger, straight to the engine, runs for seconds.
+	direct, leave := context.WithCancel(context.Background())
+	defer leave()
+	stranger := postAsync(direct, "http://"+s.Addr, completion(tokens(100, 2), 5000, nil))
+	p.Metrics.Await(t, 1, "laneway_endpoint_engine_running_requests", "endpoint", px.addr)
+
+	ctx, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
+	defer cancel()
+	px.setStall(true)
+	var answers []<-chan answer
+	for i := range 6 {
+		answers = append(answers, postAsync(ctx, gw, completion(tokens(512, uint64(20+i)), 1, nil)))
+	}
+	var wave float64
+	launch.WaitFor(t, func() string { return fmt.Sprintf("a first wave held on its way (awaiting %v)", wave) }, func() bool {
+		wave = p.Metrics.Value(t, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
+		return wave >= 3 && float64(px.stalledRequests()) == wave
+	})
+	// The stranger's client goes away: the engine drops it uncounted.
+	leave()
+	if a := await(t, stranger); a.err == nil {
+		t.Fatalf("the stranger finished (%d) although its client went away", a.status)
+	}
+	s.Metrics.Await(t, 0, "vllm:num_requests_running")
+	abortedAt := time.Now()
+	deadline := time.After(1500 * time.Millisecond)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+watch:
+	for {
+		select {
+		case <-deadline:
+			break watch
+		case <-tick.C:
+			if n := px.stalledRequests(); float64(n) > wave {
+				t.Fatalf("%v after the abort, %d requests were on their way after a first wave of %v: the picker took the abort for a restart", time.Since(abortedAt).Round(time.Millisecond), n, wave)
+			}
+		}
+	}
+	if v := p.Metrics.Value(t, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr); v != wave {
+		t.Errorf("awaiting %v after the abort, want the wave of %v", v, wave)
+	}
+	px.setStall(false)
+	for _, ch := range answers {
+		if a := await(t, ch); a.err != nil || a.status != http.StatusOK {
+			t.Fatalf("request after the stall: status %d, err %v: %s", a.status, a.err, a.body)
+		}
+	}
+}
