@@ -92,13 +92,7 @@ func TestReplayThroughGateway(t *testing.T) {
 			PrefixHitRate float64 `json:"prefix_hit_rate"`
 		} `json:"policies"`
 	}
-	b, err := os.ReadFile(filepath.Join(out, "summary.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &sum); err != nil {
-		t.Fatal(err)
-	}
+	b := readSummary(t, out, &sum)
 	if sum.Trace.Requests != 8 || len(sum.Policies) != 1 || sum.Policies[0].Policy != "none" || sum.Policies[0].Total.Completed != 8 ||
 		sum.Policies[0].PrefixHitRate < 0.24 || sum.Policies[0].PrefixHitRate > 0.25 {
 		t.Fatalf("summary %s", b)
@@ -177,13 +171,7 @@ func TestReplaySpawnHeaderOnly(t *testing.T) {
 			} `json:"classes"`
 		} `json:"policies"`
 	}
-	b, err := os.ReadFile(filepath.Join(out, "summary.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &sum); err != nil {
-		t.Fatal(err)
-	}
+	b := readSummary(t, out, &sum)
 	got := map[string][2]int{}
 	for _, c := range sum.Policies[0].Classes {
 		got[c.Class] = [2]int{c.Completed, c.FirstN}
@@ -192,4 +180,18 @@ func TestReplaySpawnHeaderOnly(t *testing.T) {
 	if got["premium"][0] != 40 || got["regular"][0] != 40 || got["premium"][1] < 28 {
 		t.Fatalf("classes (completed, first N): %v, want 40 each and premium >= 28 of the first 40\n%s", got, b)
 	}
+}
+
+// readSummary decodes a run's DIR/summary.json into v and returns its
+// bytes (for failure messages).
+func readSummary(t *testing.T, dir string, v any) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

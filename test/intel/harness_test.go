@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -215,4 +216,37 @@ func (p *metricsProxy) stalledRequests() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.stalled
+}
+
+// heldWave waits until the picker's grants to px are all held on their
+// way (px stalls them), at least three, and returns how many.
+func heldWave(t *testing.T, p *launch.EPP, px *metricsProxy) float64 {
+	t.Helper()
+	var wave float64
+	launch.WaitFor(t, func() string { return fmt.Sprintf("a first wave held on its way (awaiting %v)", wave) }, func() bool {
+		wave = p.Metrics.Value(t, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
+		return wave >= 3 && float64(px.stalledRequests()) == wave
+	})
+	return wave
+}
+
+// noSecondWave fails t if, within d, more than wave requests reach the
+// stall at px: the picker sent again while its wave was on its way.
+// Something not happening has no event to await, so it watches for d.
+func noSecondWave(t *testing.T, px *metricsProxy, wave float64, d time.Duration, why string) {
+	t.Helper()
+	from := time.Now()
+	deadline := time.After(d)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-deadline:
+			return
+		case <-tick.C:
+			if n := px.stalledRequests(); float64(n) > wave {
+				t.Fatalf("%v in, %d requests were on their way after a first wave of %v: %s", time.Since(from).Round(time.Millisecond), n, wave, why)
+			}
+		}
+	}
 }

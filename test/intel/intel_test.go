@@ -444,30 +444,11 @@ func TestStalledGatewayIsNotSentAgain(t *testing.T) {
 	for i := range 6 {
 		answers = append(answers, postAsync(ctx, gw, completion(tokens(512, uint64(10+i)), 1, nil)))
 	}
-	// The first wave: what the threshold lets go, held on its way.
-	var wave float64
-	launch.WaitFor(t, func() string { return fmt.Sprintf("a first wave held on its way (awaiting %v)", wave) }, func() bool {
-		wave = p.Metrics.Value(t, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
-		return wave >= 3 && float64(px.stalledRequests()) == wave
-	})
-	sentAt := time.Now()
-	// The long request ends at about 0.8 s and the engine goes quiet; the
-	// picker gives the wave up only at maxTransit (3 s). Watch until
-	// 2.5 s for a second wave.
-	deadline := time.After(2500 * time.Millisecond)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-watch:
-	for {
-		select {
-		case <-deadline:
-			break watch
-		case <-tick.C:
-			if n := px.stalledRequests(); float64(n) > wave {
-				t.Fatalf("%v after the first wave of %v, %d requests were on their way: the picker sent again what the stalled gateway held", time.Since(sentAt).Round(time.Millisecond), wave, n)
-			}
-		}
-	}
+	// The first wave: what the threshold lets go, held on its way. The
+	// long request ends at about 0.8 s and the engine goes quiet; the
+	// picker gives the wave up only at maxTransit (3 s).
+	wave := heldWave(t, p, px)
+	noSecondWave(t, px, wave, 2500*time.Millisecond, "the picker sent again what the stalled gateway held")
 	if a := await(t, long); a.err != nil || a.status != http.StatusOK {
 		t.Fatalf("long request: status %d, err %v", a.status, a.err)
 	}
@@ -510,32 +491,14 @@ func TestAbortIsNotARestart(t *testing.T) {
 	for i := range 6 {
 		answers = append(answers, postAsync(ctx, gw, completion(tokens(512, uint64(20+i)), 1, nil)))
 	}
-	var wave float64
-	launch.WaitFor(t, func() string { return fmt.Sprintf("a first wave held on its way (awaiting %v)", wave) }, func() bool {
-		wave = p.Metrics.Value(t, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
-		return wave >= 3 && float64(px.stalledRequests()) == wave
-	})
+	wave := heldWave(t, p, px)
 	// The stranger's client goes away: the engine drops it uncounted.
 	leave()
 	if a := await(t, stranger); a.err == nil {
 		t.Fatalf("the stranger finished (%d) although its client went away", a.status)
 	}
 	s.Metrics.Await(t, 0, "vllm:num_requests_running")
-	abortedAt := time.Now()
-	deadline := time.After(1500 * time.Millisecond)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-watch:
-	for {
-		select {
-		case <-deadline:
-			break watch
-		case <-tick.C:
-			if n := px.stalledRequests(); float64(n) > wave {
-				t.Fatalf("%v after the abort, %d requests were on their way after a first wave of %v: the picker took the abort for a restart", time.Since(abortedAt).Round(time.Millisecond), n, wave)
-			}
-		}
-	}
+	noSecondWave(t, px, wave, 1500*time.Millisecond, "the picker took the abort for a restart")
 	if v := p.Metrics.Value(t, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr); v != wave {
 		t.Errorf("awaiting %v after the abort, want the wave of %v", v, wave)
 	}
