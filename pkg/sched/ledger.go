@@ -158,10 +158,12 @@ type ledger struct {
 	// requests) at the last fresh scrape, if arrivalsKnown.
 	lastArrivals  float64
 	arrivalsKnown bool
-	// countFrom is the engine's arrivals at the first count (or the last
-	// that went back), and matched the grants of ours taken as arrived
+	// countFrom is the engine's arrivals at the first count (or at the
+	// last restart), and matched the grants of ours taken as arrived
 	// since: the engine can hold at most lastArrivals - countFrom -
-	// matched more of ours (see arrived, the quiet case).
+	// matched more of ours (see arrived, the quiet case). An abort
+	// lowers lastArrivals and not countFrom, so the aborted request
+	// counts for no grant.
 	countFrom, matched float64
 	// ahead are the grants prediction released that the engine's
 	// arrivals have not shown yet, oldest first, and aheadTokens their
