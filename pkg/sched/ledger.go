@@ -34,8 +34,12 @@ import (
 //     hundreds of milliseconds on a loaded node; a grant taken for
 //     arrived while still on its way would be counted nowhere, and
 //     replicas that each miss a few land their bursts together. A grant
-//     older than maxTransit, or sent before the engine went quiet (idle,
-//     counting no arrival) for quietCatchUp, is taken as arrived or lost.
+//     older than maxTransit is taken as arrived or lost, and so is one
+//     sent before the engine went quiet (idle, counting no arrival) for
+//     quietCatchUp, as far as the engine's arrivals not yet matched to
+//     our grants could hold it. Arrivals that go back mean a restart
+//     when the prompt-token counter goes back too, else aborts (clients
+//     that left), which leave the ledger as it is.
 //   - The other replicas' grants on their way show in no count until
 //     they arrive; while our share, measured, is below 1 the busy test
 //     counts them in proportion to our awaiting grants, at most half as
