@@ -346,6 +346,9 @@ var (
 	othersDesc = prometheus.NewDesc("laneway_endpoint_others_on_their_way_tokens",
 		"Prompt tokens the busy test counts for other replicas' requests on their way to the endpoint's engine, in proportion to this picker's awaiting grants and its measured share of the engine's arrivals (0 behind gateways that report response phases).",
 		[]string{"endpoint"}, nil)
+	shareDesc = prometheus.NewDesc("laneway_endpoint_arrival_share",
+		"The part of the endpoint's engine's arrivals this picker takes for its own grants when it reconciles the awaiting ones: 0.5 while cold, 1 once the engine's counts have shown it alone, then what full windows of a busy engine measure.",
+		[]string{"endpoint"}, nil)
 	prefillRateDesc = prometheus.NewDesc("laneway_endpoint_prefill_rate_tokens_per_second",
 		"The endpoint's prefill rate learned from its engine's prompt-token counter (0 until learned).",
 		[]string{"endpoint"}, nil)
@@ -357,6 +360,7 @@ func (c *intelCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- indexTokensDesc
 	ch <- awaitingDesc
 	ch <- othersDesc
+	ch <- shareDesc
 	ch <- prefillRateDesc
 }
 
@@ -371,6 +375,7 @@ func (c *intelCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(indexTokensDesc, prometheus.GaugeValue, float64(e.IndexTokens), e.Addr)
 		ch <- prometheus.MustNewConstMetric(awaitingDesc, prometheus.GaugeValue, float64(e.AwaitingEngine), e.Addr)
 		ch <- prometheus.MustNewConstMetric(othersDesc, prometheus.GaugeValue, float64(e.OthersOnTheirWay), e.Addr)
+		ch <- prometheus.MustNewConstMetric(shareDesc, prometheus.GaugeValue, e.ArrivalShare, e.Addr)
 		ch <- prometheus.MustNewConstMetric(prefillRateDesc, prometheus.GaugeValue, e.PrefillRate, e.Addr)
 	}
 }

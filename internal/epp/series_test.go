@@ -64,7 +64,7 @@ func TestEndpointSeriesDeletedOnRemoval(t *testing.T) {
 		"laneway_endpoint_metrics_stale", "laneway_scrapes_total", "laneway_scrape_errors_total",
 		"laneway_routed_prompt_tokens_total", "laneway_routed_cached_tokens_total",
 		"laneway_endpoint_awaiting_engine_grants", "laneway_endpoint_others_on_their_way_tokens",
-		"laneway_endpoint_prefill_rate_tokens_per_second",
+		"laneway_endpoint_prefill_rate_tokens_per_second", "laneway_endpoint_arrival_share",
 	}
 	both := []string{keep, gone}
 	slices.Sort(both)

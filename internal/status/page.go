@@ -78,10 +78,13 @@ type EndpointStatus struct {
 	// AwaitingEngine is grants whose stream ended before a first byte and
 	// whose prefill the engine has not confirmed; OthersOnTheirWayTokens
 	// the prompt tokens the busy test counts for other replicas' requests
-	// on their way there, beside them; PrefillRate the rate learned from
-	// the engine's prompt-token counter (tokens/s, 0 unknown).
+	// on their way there, beside them; ArrivalShare the part of the
+	// engine's arrivals taken for this picker's grants; PrefillRate the
+	// rate learned from the engine's prompt-token counter (tokens/s, 0
+	// unknown).
 	AwaitingEngine         int     `json:"awaiting_engine"`
 	OthersOnTheirWayTokens uint64  `json:"others_on_their_way_tokens"`
+	ArrivalShare           float64 `json:"arrival_share"`
 	PrefillRate            float64 `json:"prefill_rate_tokens_per_second"`
 	// AutoThreshold is the endpoint's auto prefill busy threshold in
 	// tokens; absent (0) when no class of the policy has one.
@@ -128,7 +131,7 @@ func Build(src Source, t *Tracker) (Page, bool) {
 		p.Endpoints = append(p.Endpoints, EndpointStatus{
 			Addr: e.Addr, ActivePrefillTokens: e.ActivePrefill, InFlight: e.InFlight, Busy: e.Busy, Stale: e.Stale,
 			Tainted: e.Tainted, EngineWaiting: e.EngineWaiting, UnseenWaiting: e.UnseenWaiting, MaxBatchedTokens: e.MaxBatchedTokens,
-			AwaitingEngine: e.AwaitingEngine, OthersOnTheirWayTokens: e.OthersOnTheirWay, PrefillRate: e.PrefillRate, AutoThreshold: e.AutoThreshold,
+			AwaitingEngine: e.AwaitingEngine, OthersOnTheirWayTokens: e.OthersOnTheirWay, ArrivalShare: e.ArrivalShare, PrefillRate: e.PrefillRate, AutoThreshold: e.AutoThreshold,
 		})
 	}
 	return p, true

@@ -414,7 +414,7 @@ func (c *Core) Snapshot() Snapshot {
 			Stale: e.stale, UnseenWaiting: e.unseenWaiting, UnseenPrefill: e.unseenPrefill,
 			EngineWaiting: e.waiting, MaxBatchedTokens: e.maxBatched, Busy: c.busyEverywhere(e),
 			Role: e.role, AwaitingEngine: e.led.len(), OthersOnTheirWay: e.led.othersOnTheirWay(),
-			PrefillRate: e.led.rate,
+			ArrivalShare: e.led.share, PrefillRate: e.led.rate,
 		}
 		if c.hasAuto {
 			es.AutoThreshold, es.HasAuto = e.auto.Threshold(), true

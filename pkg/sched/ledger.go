@@ -77,9 +77,11 @@ import (
 // its first count as it sent, at aloneStillScrapes scrapes in a row
 // with no new arrival or at aloneEvenScrapes in a row (then every grant
 // it sent is in them, and the ones the half share left held are
-// released). From then on its share is 1 while the engine has counted
-// no more arrivals than it sent, and what it sent over what arrived
-// once it has counted more. Alone behind a quick gateway, the engine
+// released), twice: the counts start again from the first pass, which
+// can be a coincidence (see aloneStillScrapes). From the second its
+// share is 1 while the engine has counted no more arrivals than it
+// sent, and what it sent over what arrived once it has counted more.
+// Alone behind a quick gateway, the engine
 // counts everything it sent at almost every scrape; behind a slow one,
 // the half share holds half of what arrives, so the replica sends less
 // at each scrape and goes still within a few: a lone cold picker loses
@@ -143,14 +145,17 @@ type ledger struct {
 	// since the share is measured again (see reconcile), have shown us
 	// alone (alone): equal to what we sent since for aloneStillScrapes
 	// still scrapes in a row (stillScrapes so far) or for aloneEvenScrapes
-	// scrapes (evenScrapes so far). Then it is 1, or what we sent over
-	// what arrived once that is more. The engine's arrivals were then at
-	// baseArrivals and our dispatches at baseSent (baseKnown).
+	// scrapes (evenScrapes so far), twice: the first pass (passedOnce)
+	// releases the grants the half share held and starts the counts
+	// again. Then it is 1, or what we sent over what arrived once that is
+	// more. The engine's arrivals were then at baseArrivals and our
+	// dispatches at baseSent (baseKnown).
 	shareSampled bool
 	baseKnown    bool
 	baseArrivals float64
 	baseSent     uint64
 	alone        bool
+	passedOnce   bool
 	stillScrapes int
 	evenScrapes  int
 	// quietReleases counts the scrapes since the last full window at
@@ -233,7 +238,18 @@ const coldShare = 0.5
 // this only if no request reaches the engine for that long while its
 // count happens to match what one of them sent, which a gateway stall at
 // the start of a burst can do (with 2 scrapes, one cold run of
-// TestTwoPickersOneEngine in 20 reached engine waiting 14).
+// TestTwoPickersOneEngine in 20 reached engine waiting 14). Even with
+// 3 it did: the 8 arrivals of a still engine were both replicas'
+// requests, one replica had sent 8, and the rest of its own were in its
+// gateway. Taken for alone at that one pass, it matched the other's
+// next arrivals to its own grants, sent 8 more within half a second, and
+// the gateways landed engine waiting 10 (4 of 56 cold runs went over
+// the bound of 8). So the first pass releases only what the half share
+// held and starts the counts again; a second pass makes the share 1. A
+// lone replica has everything it sent in the engine at the first pass,
+// and what it sends next is all the engine counts, so the second
+// follows within a few scrapes; two replicas meet it only by a second
+// coincidence, counted from the first.
 const aloneStillScrapes = 3
 
 // aloneEvenScrapes is the other way a cold replica finds itself alone:
@@ -660,7 +676,7 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) (allArr
 	}
 	if !l.baseKnown || arrivals < l.baseArrivals {
 		l.baseKnown, l.baseArrivals, l.baseSent, l.shareSampled = true, arrivals, e.sent, false
-		l.alone, l.stillScrapes, l.evenScrapes = false, 0, 0
+		l.alone, l.passedOnce, l.stillScrapes, l.evenScrapes = false, false, 0, 0
 	}
 	if l.shareSampled {
 		return false
@@ -679,8 +695,21 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) (allArr
 		} else if !l.arrivalsKnown || arrivals != l.lastArrivals {
 			l.stillScrapes = 0
 		}
-		l.alone = l.stillScrapes >= aloneStillScrapes || l.evenScrapes >= aloneEvenScrapes
-		allArrived = l.alone
+		allArrived = l.stillScrapes >= aloneStillScrapes || l.evenScrapes >= aloneEvenScrapes
+		switch {
+		case !allArrived:
+		case l.passedOnce:
+			l.alone = true
+		default:
+			// The first pass: what the half share held goes, but the
+			// share stays cold and the counts start again from here,
+			// since one pass can be a coincidence (see
+			// aloneStillScrapes). Alone, everything we sent has arrived,
+			// and what we send next is all the engine counts.
+			l.passedOnce = true
+			l.baseArrivals, l.baseSent = arrivals, e.sent
+			l.stillScrapes, l.evenScrapes = 0, 0
+		}
 	}
 	l.share = coldShare
 	if l.alone {

@@ -315,6 +315,11 @@ type EndpointSnapshot struct {
 	// awaiting grants (SPEC §5): 0 behind gateways that report response
 	// phases.
 	OthersOnTheirWay uint64
+	// ArrivalShare is the part of the engine's arrivals the picker takes
+	// for its own grants when it reconciles the awaiting ones (SPEC §5):
+	// 1/2 while cold, 1 once the engine's counts have shown it alone
+	// twice, then what full windows measure.
+	ArrivalShare float64
 	// PrefillRate is the engine's prefill rate the picker learned from its
 	// prompt-token counter, in prompt tokens per second (0: not learned).
 	PrefillRate float64

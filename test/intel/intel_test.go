@@ -502,3 +502,81 @@ func TestAbortIsNotARestart(t *testing.T) {
 		}
 	}
 }
+
+// TestCoincidenceIsNotAlone: a cold picker takes itself for alone when
+// the engine, still for a few scrapes, has counted exactly as many
+// arrivals as it sent. Behind a gateway that stalls while another
+// client's requests land, that can be a coincidence: the arrivals are
+// the stranger's, and the picker's own are still on their way. One such
+// pass releases what the half share held, but the share stays cold
+// until a second pass agrees, so the stranger's later arrivals do not
+// release the picker's next grants too. (Taken at share 1 after one
+// pass, two cold pickers behind TLS-storming gateways each took the
+// other's arrivals for their own in about 1 cold run in 20 and landed
+// engine waiting 10 against a bound of 8.)
+func TestCoincidenceIsNotAlone(t *testing.T) {
+	// Sixteen sequences: the stranger's requests run, none waits, so the
+	// busy test holds only the picker's own grants.
+	s := startSim(t, "127.0.0.141", "--max-num-seqs=16", "--time-per-output-token=2ms")
+	px := startMetricsProxy(t, "127.0.0.142", s)
+	p := startEPP(t, []string{px.addr}, "--policy-config="+thresholdPolicy(t, 1536), "--scrape-interval=100ms", relaxedStaleness)
+	gw := bins.RunGateway(t, launch.GatewayOptions{EPP: p, Timeout: 2 * time.Minute, HeaderOnly: true}).URL
+	p.Metrics.Await(t, 0, "laneway_endpoint_metrics_stale", "endpoint", px.addr)
+	if v := p.Metrics.Value(t, "laneway_endpoint_arrival_share", "endpoint", px.addr); v != 0.5 {
+		t.Fatalf("arrival share %v before anything was sent, want 0.5 (cold)", v)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), launch.EventTimeout)
+	defer cancel()
+	direct, leave := context.WithCancel(context.Background())
+	defer leave()
+	var answers []<-chan answer
+	// wave sends n requests through the gateway and waits until all n
+	// are held on their way, awaiting the engine.
+	wave := func(n int, seed uint64) {
+		t.Helper()
+		for i := range n {
+			answers = append(answers, postAsync(ctx, gw, completion(tokens(512, seed+uint64(i)), 1, nil)))
+		}
+		want := px.stalledRequests() + n
+		launch.WaitFor(t, func() string { return fmt.Sprintf("a wave of %d held on its way", n) }, func() bool {
+			return px.stalledRequests() == want &&
+				p.Metrics.Value(t, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr) == float64(n)
+		})
+	}
+	// strangers sends n long requests straight to the engine and waits
+	// until the picker's scrape shows the engine running total of them.
+	strangers := func(n, total int, seed uint64) {
+		t.Helper()
+		for i := range n {
+			go post(direct, "http://"+s.Addr, completion(tokens(100, seed+uint64(i)), 5000, nil))
+		}
+		p.Metrics.Await(t, float64(total), "laneway_endpoint_engine_running_requests", "endpoint", px.addr)
+	}
+
+	px.setStall(true)
+	wave(3, 40)
+	// The engine counts 3 arrivals, as many as the picker sent, and then
+	// none for the scrapes that make a pass: the held grants go.
+	strangers(3, 3, 50)
+	p.Metrics.Await(t, 0, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
+	if v := p.Metrics.Value(t, "laneway_endpoint_arrival_share", "endpoint", px.addr); v != 0.5 {
+		t.Fatalf("arrival share %v after one pass for alone, want 0.5: one coincidence of the counts is not enough", v)
+	}
+
+	// Three more grants on their way, and two strangers' arrivals: at the
+	// cold share they match one of them.
+	wave(3, 60)
+	strangers(2, 5, 70)
+	if v := p.Metrics.Value(t, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr); v != 2 {
+		t.Errorf("awaiting %v after 2 strangers' arrivals against 3 grants on their way, want 2 (half of them matched)", v)
+	}
+
+	leave()
+	px.setStall(false)
+	for _, ch := range answers {
+		if a := await(t, ch); a.err != nil || a.status != http.StatusOK {
+			t.Fatalf("request after the stall: status %d, err %v: %s", a.status, a.err, a.body)
+		}
+	}
+}
