@@ -159,7 +159,7 @@ func TestHeaderOnlyClients(t *testing.T) {
 // Started cold instead (-run TestTwoPickersOneEngine/nginx-shim), a
 // burst of 640 through gateways that open a TLS connection per request
 // meets two pickers that have measured nothing: see the ledger's
-// coldShare for what that measured.
+// coldShare and aloneStillScrapes for what that measured.
 func TestTwoPickersOneEngine(t *testing.T) {
 	launch.CheckGoroutines(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
