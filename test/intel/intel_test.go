@@ -535,10 +535,10 @@ func TestCoincidenceIsNotAlone(t *testing.T) {
 	// are held on their way, awaiting the engine.
 	wave := func(n int, seed uint64) {
 		t.Helper()
+		want := px.stalledRequests() + n
 		for i := range n {
 			answers = append(answers, postAsync(ctx, gw, completion(tokens(512, seed+uint64(i)), 1, nil)))
 		}
-		want := px.stalledRequests() + n
 		launch.WaitFor(t, func() string { return fmt.Sprintf("a wave of %d held on its way", n) }, func() bool {
 			return px.stalledRequests() == want &&
 				p.Metrics.Value(t, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr) == float64(n)
