@@ -347,7 +347,7 @@ var (
 		"Prompt tokens the busy test counts for other replicas' requests on their way to the endpoint's engine, in proportion to this picker's awaiting grants and its measured share of the engine's arrivals (0 behind gateways that report response phases).",
 		[]string{"endpoint"}, nil)
 	shareDesc = prometheus.NewDesc("laneway_endpoint_arrival_share",
-		"The part of the endpoint's engine's arrivals this picker takes for its own grants when it reconciles the awaiting ones: 0.5 while cold, 1 once the engine's counts have shown it alone, then what full windows of a busy engine measure.",
+		"The part of the endpoint's engine's arrivals this picker takes for its own grants when it reconciles the awaiting ones: 0.5 while cold, 1 once the engine's counts have shown it alone twice, then what full windows of a busy engine measure.",
 		[]string{"endpoint"}, nil)
 	prefillRateDesc = prometheus.NewDesc("laneway_endpoint_prefill_rate_tokens_per_second",
 		"The endpoint's prefill rate learned from its engine's prompt-token counter (0 until learned).",
