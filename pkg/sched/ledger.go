@@ -143,19 +143,18 @@ type ledger struct {
 	// Until a full window has given a sample (shareSampled), the share is
 	// coldShare until the engine's arrivals since the first count, or
 	// since the share is measured again (see reconcile), have shown us
-	// alone (alone): equal to what we sent since for aloneStillScrapes
-	// still scrapes in a row (stillScrapes so far) or for aloneEvenScrapes
-	// scrapes (evenScrapes so far), twice: the first pass (passedOnce)
-	// releases the grants the half share held and starts the counts
-	// again. Then it is 1, or what we sent over what arrived once that is
-	// more. The engine's arrivals were then at baseArrivals and our
-	// dispatches at baseSent (baseKnown).
+	// alone: equal to what we sent since for aloneStillScrapes still
+	// scrapes in a row (stillScrapes so far) or for aloneEvenScrapes
+	// scrapes (evenScrapes so far), alonePasses times (passes so far);
+	// each pass but the last releases the grants the half share held and
+	// starts the counts again. Then it is 1, or what we sent over what
+	// arrived once that is more. The engine's arrivals were then at
+	// baseArrivals and our dispatches at baseSent (baseKnown).
 	shareSampled bool
 	baseKnown    bool
 	baseArrivals float64
 	baseSent     uint64
-	alone        bool
-	passedOnce   bool
+	passes       int
 	stillScrapes int
 	evenScrapes  int
 	// quietReleases counts the scrapes since the last full window at
@@ -249,9 +248,15 @@ const coldShare = 0.5
 // lone replica has everything it sent in the engine at the first pass,
 // and what it sends next is all the engine counts, so the second
 // follows within a few scrapes; two replicas meet it only by a second
-// coincidence, counted from the first. With two passes, 159 of 160 cold
-// runs stayed within the bound (waiting 3 to 8) and one reached 9.
+// coincidence, counted from the first (alonePasses). With two passes,
+// 159 of 160 cold runs stayed within the bound (waiting 3 to 8) and one
+// reached 9.
 const aloneStillScrapes = 3
+
+// alonePasses is how many times in a row, each counted from the one
+// before, the engine's counts must show a cold replica alone
+// (aloneStillScrapes, aloneEvenScrapes) before its share is 1.
+const alonePasses = 2
 
 // aloneEvenScrapes is the other way a cold replica finds itself alone:
 // the engine's arrivals since the first count equal what it sent at this
@@ -677,7 +682,7 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) (allArr
 	}
 	if !l.baseKnown || arrivals < l.baseArrivals {
 		l.baseKnown, l.baseArrivals, l.baseSent, l.shareSampled = true, arrivals, e.sent, false
-		l.alone, l.passedOnce, l.stillScrapes, l.evenScrapes = false, false, 0, 0
+		l.passes, l.stillScrapes, l.evenScrapes = 0, 0, 0
 	}
 	if l.shareSampled {
 		return false
@@ -688,7 +693,8 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) (allArr
 	// more than what we sent of them (an overestimate while ours are on
 	// their way, which a full window then corrects).
 	got, sent := arrivals-l.baseArrivals, float64(e.sent-l.baseSent)
-	if !l.alone {
+	alone := l.passes >= alonePasses
+	if !alone {
 		l.stillScrapes++
 		l.evenScrapes++
 		if sent < 1 || got != sent {
@@ -697,23 +703,22 @@ func (c *Core) learnShare(now int64, e *endpoint, m *podmetrics.Metrics) (allArr
 			l.stillScrapes = 0
 		}
 		allArrived = l.stillScrapes >= aloneStillScrapes || l.evenScrapes >= aloneEvenScrapes
-		switch {
-		case !allArrived:
-		case l.passedOnce:
-			l.alone = true
-		default:
-			// The first pass: what the half share held goes, but the
-			// share stays cold and the counts start again from here,
-			// since one pass can be a coincidence (see
-			// aloneStillScrapes). Alone, everything we sent has arrived,
-			// and what we send next is all the engine counts.
-			l.passedOnce = true
+		if allArrived {
+			l.passes++
+			alone = l.passes >= alonePasses
+		}
+		if allArrived && !alone {
+			// What the half share held goes, but the share stays cold
+			// and the counts start again from here, since one pass can
+			// be a coincidence (see aloneStillScrapes). Alone,
+			// everything we sent has arrived, and what we send next is
+			// all the engine counts.
 			l.baseArrivals, l.baseSent = arrivals, e.sent
 			l.stillScrapes, l.evenScrapes = 0, 0
 		}
 	}
 	l.share = coldShare
-	if l.alone {
+	if alone {
 		l.share = 1
 		if got > sent {
 			l.share = max(minShare, sent/got)

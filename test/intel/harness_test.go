@@ -251,18 +251,25 @@ func noSecondWave(t *testing.T, px *metricsProxy, wave float64, d time.Duration,
 	}
 }
 
-// stallRig runs a one-sequence simulator behind a metricsProxy on
+// stalledWay runs a simulator with simArgs behind a metricsProxy on
 // proxyIP (whose stall holds the gateway's way to the engine), a picker
 // with a 1536-token threshold that scrapes every 100 ms, and a
-// header-only gateway; it returns once one request went through and the
-// picker holds nothing awaiting.
-func stallRig(t *testing.T, simIP, proxyIP string) (*launch.Sim, *metricsProxy, *launch.EPP, string) {
+// header-only gateway; it returns once the picker has a fresh scrape.
+func stalledWay(t *testing.T, simIP, proxyIP string, simArgs ...string) (*launch.Sim, *metricsProxy, *launch.EPP, string) {
 	t.Helper()
-	s := startSim(t, simIP, "--max-num-seqs=1", "--time-per-output-token=2ms")
+	s := startSim(t, simIP, simArgs...)
 	px := startMetricsProxy(t, proxyIP, s)
 	p := startEPP(t, []string{px.addr}, "--policy-config="+thresholdPolicy(t, 1536), "--scrape-interval=100ms", relaxedStaleness)
 	gw := bins.RunGateway(t, launch.GatewayOptions{EPP: p, Timeout: 2 * time.Minute, HeaderOnly: true}).URL
 	p.Metrics.Await(t, 0, "laneway_endpoint_metrics_stale", "endpoint", px.addr)
+	return s, px, p, gw
+}
+
+// stallRig is stalledWay with a one-sequence simulator, once one request
+// went through and the picker holds nothing awaiting.
+func stallRig(t *testing.T, simIP, proxyIP string) (*launch.Sim, *metricsProxy, *launch.EPP, string) {
+	t.Helper()
+	s, px, p, gw := stalledWay(t, simIP, proxyIP, "--max-num-seqs=1", "--time-per-output-token=2ms")
 	mustPost(t, gw, completion(tokens(100, 1), 1, nil))
 	p.Metrics.Await(t, 0, "laneway_endpoint_awaiting_engine_grants", "endpoint", px.addr)
 	return s, px, p, gw

@@ -516,12 +516,9 @@ func TestAbortIsNotARestart(t *testing.T) {
 // engine waiting 10 against a bound of 8.)
 func TestCoincidenceIsNotAlone(t *testing.T) {
 	// Sixteen sequences: the stranger's requests run, none waits, so the
-	// busy test holds only the picker's own grants.
-	s := startSim(t, "127.0.0.141", "--max-num-seqs=16", "--time-per-output-token=2ms")
-	px := startMetricsProxy(t, "127.0.0.142", s)
-	p := startEPP(t, []string{px.addr}, "--policy-config="+thresholdPolicy(t, 1536), "--scrape-interval=100ms", relaxedStaleness)
-	gw := bins.RunGateway(t, launch.GatewayOptions{EPP: p, Timeout: 2 * time.Minute, HeaderOnly: true}).URL
-	p.Metrics.Await(t, 0, "laneway_endpoint_metrics_stale", "endpoint", px.addr)
+	// busy test holds only the picker's own grants. Nothing goes through
+	// first: the picker must be cold.
+	s, px, p, gw := stalledWay(t, "127.0.0.141", "127.0.0.142", "--max-num-seqs=16", "--time-per-output-token=2ms")
 	if v := p.Metrics.Value(t, "laneway_endpoint_arrival_share", "endpoint", px.addr); v != 0.5 {
 		t.Fatalf("arrival share %v before anything was sent, want 0.5 (cold)", v)
 	}
